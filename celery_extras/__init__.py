@@ -1,0 +1,20 @@
+"""celery-extras: durable revoke sync, cluster-wide limits and retry policies,
+weighted fair queues and time-wheel throughput statistics for Celery.
+
+Add it to an app with one call::
+
+    import celery_extras
+    celery_extras.install(app)
+"""
+
+from .capability import Capability
+from .install import CAPABILITIES, install, settings_of
+from .settings import Setting
+
+__all__ = [
+    "CAPABILITIES",
+    "Capability",
+    "Setting",
+    "install",
+    "settings_of",
+]

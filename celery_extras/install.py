@@ -1,0 +1,107 @@
+"""``install(app)``: wire every capability of celery-extras into a Celery app, once.
+
+Each capability (sync, policies, consumer, stats) is described by a
+:class:`~celery_extras.capability.Capability`; ``install`` adds their settings,
+bootsteps and hooks to the app. Calling it again only re-applies options.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as distribution_version
+from typing import Any
+
+from celery import Celery, bootsteps
+from celery.exceptions import ImproperlyConfigured
+
+from .capability import Capability
+from .consumer.capability import CONSUMER
+from .policies.capability import POLICIES
+from .settings import CORE_SETTINGS, PREFIX, Setting, validate
+from .stats.capability import STATS
+from .sync.capability import SYNC
+
+__all__ = ["CAPABILITIES", "Capability", "ExtrasStep", "all_settings", "install", "settings_of"]
+
+
+CAPABILITIES: tuple[Capability, ...] = (SYNC, POLICIES, CONSUMER, STATS)
+
+_installed: weakref.WeakSet[Celery] = weakref.WeakSet()
+
+
+def all_settings() -> Iterator[Setting]:
+    """Every ``extras_*`` setting: the core ones, then each capability's."""
+    yield from CORE_SETTINGS
+    for capability in CAPABILITIES:
+        yield from capability.settings
+
+
+def settings_of(app: Celery) -> dict[str, Any]:
+    """The app's validated celery-extras settings, ``{name: value}`` without the prefix."""
+    return validate(app.conf, all_settings())
+
+
+def _version() -> str:
+    try:
+        return distribution_version("celery-extras")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "unknown"
+
+
+class ExtrasStep(bootsteps.StartStopStep):
+    """Worker step that validates the settings at boot and reports what is installed."""
+
+    label = "celery-extras"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        settings_of(parent.app)  # fail the worker start with a message naming the setting
+
+    def info(self, parent: Any) -> dict[str, Any]:
+        return {
+            "extras_install": {
+                "version": _version(),
+                "capabilities": [c.name for c in CAPABILITIES],
+            }
+        }
+
+
+def install(app: Celery, **options: Any) -> Celery:
+    """Add celery-extras to *app* and return it; safe to call more than once.
+
+    *options* are settings without their prefix (``stats_interval=1`` sets
+    ``extras_stats_interval``) and override what ``app.conf`` holds.
+    """
+    known = {s.name for s in all_settings()}
+    for name in options:
+        if name not in known:
+            raise ImproperlyConfigured(f"{PREFIX}{name}: unknown celery-extras setting")
+    if options:
+        app.conf.update({PREFIX + name: value for name, value in options.items()})
+
+    if app in _installed:
+        if app.configured:
+            settings_of(app)
+        return app
+    _installed.add(app)
+
+    app.steps["worker"].add(ExtrasStep)
+    for capability in CAPABILITIES:
+        for step in capability.worker_steps:
+            app.steps["worker"].add(step)
+        for step in capability.consumer_steps:
+            app.steps["consumer"].add(step)
+        if capability.connect is not None:
+            capability.connect(app)
+
+    if app.configured:
+        settings_of(app)
+    else:
+        app.on_after_configure.connect(_validate_after_configure, sender=app, weak=False)
+    return app
+
+
+def _validate_after_configure(sender: Celery, **kwargs: Any) -> None:
+    settings_of(sender)

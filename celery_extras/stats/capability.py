@@ -1,0 +1,9 @@
+"""The stats capability as ``install(app)`` wires it: settings, bootsteps, hooks."""
+
+from __future__ import annotations
+
+from ..capability import Capability
+
+__all__ = ["STATS"]
+
+STATS = Capability(name="stats")

@@ -1,0 +1,98 @@
+"""Fixtures for tests against real brokers and real ``celery worker`` processes.
+
+``broker`` is parametrized over Redis and RabbitMQ (a missing broker fails the
+test, it is never skipped). ``ns`` isolates one test's queues, exchanges and
+store keys. ``make_app(**conf)`` builds the test-side app and ``start_worker``
+starts workers that build the very same app; both take the same ``conf``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from tests.support import proj
+from tests.support.brokers import require_broker
+from tests.support.journal import Journal
+from tests.support.workers import WorkerProcess
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request: pytest.FixtureRequest) -> str:
+    """URL of a real broker; the test runs once on Redis and once on RabbitMQ."""
+    return require_broker(request.param)
+
+
+@pytest.fixture
+def ns() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def journal(ns: str) -> Iterator[Journal]:
+    log = Journal(ns)
+    yield log
+    log.clear()
+
+
+class Cluster:
+    """The test-side app and the workers of one test, all on one broker and namespace."""
+
+    def __init__(self, broker: str, ns: str, logdir: Path) -> None:
+        self.broker = broker
+        self.ns = ns
+        self.logdir = logdir
+        self.conf: dict[str, Any] = {}
+        self.include: tuple[str, ...] = ()
+        self.workers: list[WorkerProcess] = []
+        self._app: Celery | None = None
+
+    def configure(self, include: tuple[str, ...] = (), **conf: Any) -> Celery:
+        """Set the app's extra settings and task modules (before starting workers)."""
+        self.conf.update(conf)
+        self.include = include
+        self._app = None
+        return self.app
+
+    @property
+    def app(self) -> Celery:
+        if self._app is None:
+            self._app = proj.make_app(self.broker, self.ns, self.conf, self.include)
+        return self._app
+
+    def worker(self, name: str = "w1", start: bool = True, **kwargs: Any) -> WorkerProcess:
+        env = proj.worker_env(self.broker, self.ns, self.conf, self.include)
+        worker = WorkerProcess(name, env, self.logdir / f"{name}.log", **kwargs)
+        self.workers.append(worker)
+        return worker.start() if start else worker
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        if self._app is not None:
+            self._app.close()
+
+
+@pytest.fixture
+def cluster(broker: str, ns: str, tmp_path: Path) -> Iterator[Cluster]:
+    """A namespaced app on the parametrized broker; its workers are stopped after the test."""
+    c = Cluster(broker, ns, tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def send(cluster: Cluster) -> Callable[..., Any]:
+    """``send(name, *args, **options)``: publish a task by name to the test app."""
+
+    def send_task(name: str, *args: Any, **options: Any) -> Any:
+        return cluster.app.send_task(name, args=args, **options)
+
+    return send_task

@@ -1,0 +1,1 @@
+"""Shared test support: brokers, a namespaced test app, real worker processes."""

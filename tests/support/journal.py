@@ -1,0 +1,44 @@
+"""A journal of task runs in Redis, so tests can see what ran where and when."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Task
+
+from .brokers import REDIS_URL
+
+__all__ = ["Journal"]
+
+
+class Journal:
+    """Append-only list ``<ns>:journal`` of ``{"task", "id", "t", "pid", "worker", ...}``."""
+
+    def __init__(self, ns: str, url: str = REDIS_URL) -> None:
+        self.key = f"{ns}:journal"
+        self.client = redis.Redis.from_url(url, decode_responses=True)
+
+    def note(self, task: Task, **fields: Any) -> None:
+        entry = {
+            "task": task.name,
+            "id": task.request.id,
+            "t": time.time(),
+            "pid": os.getpid(),
+            "worker": task.request.hostname,
+            "retries": task.request.retries,
+            **fields,
+        }
+        self.client.rpush(self.key, json.dumps(entry))
+
+    def entries(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in self.client.lrange(self.key, 0, -1)]
+
+    def __len__(self) -> int:
+        return int(self.client.llen(self.key))
+
+    def clear(self) -> None:
+        self.client.delete(self.key)

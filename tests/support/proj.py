@@ -1,0 +1,76 @@
+"""The test app: one Celery app per namespace, built the same way in pytest and in workers.
+
+Workers run ``celery -A tests.support.proj worker``; this module builds their
+app from ``EXTRAS_TEST_*`` environment variables, which :func:`worker_env`
+writes from the same arguments the test process passed to :func:`make_app`.
+Every queue, exchange and store key is namespaced, so tests never see each
+other's messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from celery import Celery
+
+import celery_extras
+
+from .brokers import BACKEND_URL
+
+__all__ = ["DEFAULT_INCLUDE", "app", "make_app", "worker_env"]
+
+DEFAULT_INCLUDE = ("tests.support.tasks",)
+
+
+def make_app(
+    broker: str, ns: str, conf: dict[str, Any] | None = None, include: tuple[str, ...] = ()
+) -> Celery:
+    """A test app on *broker* whose queues, exchanges and store keys all start with *ns*."""
+    app = Celery(ns, broker=broker, backend=BACKEND_URL, include=[*DEFAULT_INCLUDE, *include])
+    app.conf.update(
+        task_default_queue=ns,
+        task_default_exchange=ns,
+        task_default_routing_key=ns,
+        control_exchange=f"{ns}.ctl",
+        event_exchange=f"{ns}.ev",
+        broker_transport_options={
+            "unacked_key": f"{ns}.unacked",
+            "unacked_index_key": f"{ns}.unacked_index",
+            "unacked_mutex_key": f"{ns}.unacked_mutex",
+        },
+        broker_connection_retry_on_startup=True,
+        result_expires=600,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        extras_key_prefix=ns,
+    )
+    app.conf.update(conf or {})
+    celery_extras.install(app)
+    return app
+
+
+def worker_env(
+    broker: str, ns: str, conf: dict[str, Any] | None = None, include: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """Environment that makes a worker process build the same app as ``make_app``."""
+    return {
+        "EXTRAS_TEST_BROKER": broker,
+        "EXTRAS_TEST_NS": ns,
+        "EXTRAS_TEST_CONF": json.dumps(conf or {}),
+        "EXTRAS_TEST_INCLUDE": ",".join(include),
+    }
+
+
+def _app_from_env() -> Celery:
+    include = tuple(filter(None, os.environ.get("EXTRAS_TEST_INCLUDE", "").split(",")))
+    return make_app(
+        os.environ.get("EXTRAS_TEST_BROKER", "redis://127.0.0.1:6379/0"),
+        os.environ.get("EXTRAS_TEST_NS", "extras-test"),
+        json.loads(os.environ.get("EXTRAS_TEST_CONF", "{}")),
+        include,
+    )
+
+
+app = _app_from_env()
