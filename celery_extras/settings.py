@@ -67,12 +67,13 @@ def number(
     expected = " ".join(parts)
 
     def check(key: str, value: Any) -> Any:
-        types: tuple[type, ...] = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, types):
+        if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
             raise _reject(key, expected, value)
-        if not math.isfinite(value):
-            raise _reject(key, expected, value)
-        if (minimum is not None and value < minimum) or (above is not None and value <= above):
+        if (
+            not math.isfinite(value)
+            or (minimum is not None and value < minimum)
+            or (above is not None and value <= above)
+        ):
             raise _reject(key, expected, value)
         return value if integer else float(value)
 

@@ -88,11 +88,11 @@ class Workers:
         raise RuntimeError(f"workers not ready after {timeout:.0f} s")
 
     def tail(self) -> str:
-        return "\n".join(
-            f"--- {name}.log (last lines)\n"
-            + "\n".join((self.workdir / f"{name}.log").read_text(errors="replace").splitlines()[-15:])
-            for name in self.procs
-        )
+        parts = []
+        for name in self.procs:
+            lines = (self.workdir / f"{name}.log").read_text(errors="replace").splitlines()
+            parts.append(f"--- {name}.log (last lines)\n" + "\n".join(lines[-15:]))
+        return "\n".join(parts)
 
     def stop(self) -> None:
         for proc in self.procs.values():

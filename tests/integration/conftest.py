@@ -49,24 +49,31 @@ class Cluster:
         self.logdir = logdir
         self.conf: dict[str, Any] = {}
         self.include: tuple[str, ...] = ()
+        self.plain = False
         self.workers: list[WorkerProcess] = []
         self._app: Celery | None = None
 
-    def configure(self, include: tuple[str, ...] = (), **conf: Any) -> Celery:
-        """Set the app's extra settings and task modules (before starting workers)."""
+    def configure(self, include: tuple[str, ...] = (), plain: bool = False, **conf: Any) -> Celery:
+        """Set the app's settings and task modules (before starting workers).
+
+        *plain* runs plain Celery, without celery-extras, for side-by-side comparisons.
+        """
         self.conf.update(conf)
         self.include = include
+        self.plain = plain
+        if self._app is not None:
+            self._app.close()
         self._app = None
         return self.app
 
     @property
     def app(self) -> Celery:
         if self._app is None:
-            self._app = proj.make_app(self.broker, self.ns, self.conf, self.include)
+            self._app = proj.make_app(self.broker, self.ns, self.conf, self.include, self.plain)
         return self._app
 
     def worker(self, name: str = "w1", start: bool = True, **kwargs: Any) -> WorkerProcess:
-        env = proj.worker_env(self.broker, self.ns, self.conf, self.include)
+        env = proj.worker_env(self.broker, self.ns, self.conf, self.include, self.plain)
         worker = WorkerProcess(name, env, self.logdir / f"{name}.log", **kwargs)
         self.workers.append(worker)
         return worker.start() if start else worker

@@ -21,7 +21,6 @@ def require_broker(name: str) -> str:
         socket.create_connection(("127.0.0.1", _PORTS[name]), timeout=2).close()
     except OSError as exc:
         raise RuntimeError(
-            f"{name} is not running on 127.0.0.1:{_PORTS[name]} ({exc}); "
-            "start it as .ci/run does"
+            f"{name} is not running on 127.0.0.1:{_PORTS[name]} ({exc}); start it as .ci/run does"
         ) from exc
     return BROKERS[name]

@@ -25,9 +25,16 @@ DEFAULT_INCLUDE = ("tests.support.tasks",)
 
 
 def make_app(
-    broker: str, ns: str, conf: dict[str, Any] | None = None, include: tuple[str, ...] = ()
+    broker: str,
+    ns: str,
+    conf: dict[str, Any] | None = None,
+    include: tuple[str, ...] = (),
+    plain: bool = False,
 ) -> Celery:
-    """A test app on *broker* whose queues, exchanges and store keys all start with *ns*."""
+    """A test app on *broker* whose queues, exchanges and store keys all start with *ns*.
+
+    *plain* leaves celery-extras out (its settings too), for side-by-side comparisons.
+    """
     app = Celery(ns, broker=broker, backend=BACKEND_URL, include=[*DEFAULT_INCLUDE, *include])
     app.conf.update(
         task_default_queue=ns,
@@ -44,15 +51,20 @@ def make_app(
         result_expires=600,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
-        extras_key_prefix=ns,
     )
     app.conf.update(conf or {})
-    celery_extras.install(app)
+    if not plain:
+        app.conf.setdefault("extras_key_prefix", ns)
+        celery_extras.install(app)
     return app
 
 
 def worker_env(
-    broker: str, ns: str, conf: dict[str, Any] | None = None, include: tuple[str, ...] = ()
+    broker: str,
+    ns: str,
+    conf: dict[str, Any] | None = None,
+    include: tuple[str, ...] = (),
+    plain: bool = False,
 ) -> dict[str, str]:
     """Environment that makes a worker process build the same app as ``make_app``."""
     return {
@@ -60,6 +72,7 @@ def worker_env(
         "EXTRAS_TEST_NS": ns,
         "EXTRAS_TEST_CONF": json.dumps(conf or {}),
         "EXTRAS_TEST_INCLUDE": ",".join(include),
+        "EXTRAS_TEST_PLAIN": "1" if plain else "",
     }
 
 
@@ -70,6 +83,7 @@ def _app_from_env() -> Celery:
         os.environ.get("EXTRAS_TEST_NS", "extras-test"),
         json.loads(os.environ.get("EXTRAS_TEST_CONF", "{}")),
         include,
+        plain=bool(os.environ.get("EXTRAS_TEST_PLAIN")),
     )
 
 

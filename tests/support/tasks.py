@@ -13,7 +13,7 @@ __all__ = ["fail", "noop", "sleep"]
 
 
 def _journal(task: Task) -> Journal:
-    return Journal(task.app.conf.extras_key_prefix)
+    return Journal(task.app.main or "extras-test")
 
 
 @shared_task(bind=True, name="tests.noop")

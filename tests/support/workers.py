@@ -7,6 +7,7 @@ its pool children, and :func:`stop_all` reaps any the tests left running.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
@@ -127,15 +128,11 @@ class WorkerProcess:
             if self.alive():
                 self.signal(signal.SIGCONT)
                 os.kill(self.pid, signal.SIGTERM)
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    pass
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)  # pool children left behind, if any
-            except ProcessLookupError:
-                pass
             if self.proc.poll() is None:
                 self.proc.wait(10)
             if self in _running:

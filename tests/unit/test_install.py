@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -7,14 +8,11 @@ import pytest
 from celery import Celery, bootsteps
 from celery.exceptions import ImproperlyConfigured
 
-import importlib
-
 import celery_extras
 from celery_extras.capability import Capability
 from celery_extras.install import ExtrasStep, all_settings, install, settings_of
 from celery_extras.settings import Setting, number
 from celery_extras.store import store_key, store_url
-
 
 install_module = importlib.import_module("celery_extras.install")  # the package re-exports
 # install() under the module's own name
@@ -75,7 +73,7 @@ def test_options_are_settings_without_the_prefix() -> None:
 
 
 def test_unknown_option_is_named() -> None:
-    with pytest.raises(ImproperlyConfigured, match="^extras_key_prefx: unknown"):
+    with pytest.raises(ImproperlyConfigured, match=r"^extras_key_prefx: unknown"):
         install(make_app(), key_prefx="mine")
 
 
@@ -96,7 +94,7 @@ def test_mistyped_setting_is_reported_when_the_app_is_configured_later(
     # Celery's signal dispatch logs what a receiver raises; the worker start then fails on it
     # (tests/integration/test_install.py).
     assert "extras_key_prefix: expected a non-empty string, got 5 (int)" in caplog.text
-    with pytest.raises(ImproperlyConfigured, match="^extras_key_prefix: expected a non-empty"):
+    with pytest.raises(ImproperlyConfigured, match=r"^extras_key_prefix: expected a non-empty"):
         settings_of(app)
 
 

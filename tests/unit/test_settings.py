@@ -70,5 +70,6 @@ def test_misspelled_setting_is_named_with_a_suggestion() -> None:
 
 
 def test_unknown_setting_without_a_close_match() -> None:
-    with pytest.raises(ImproperlyConfigured, match=r"^extras_completely_different: unknown celery-extras setting$"):
+    message = r"^extras_completely_different: unknown celery-extras setting$"
+    with pytest.raises(ImproperlyConfigured, match=message):
         validate({"extras_completely_different": 1}, SETTINGS)

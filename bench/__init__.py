@@ -1,0 +1,1 @@
+"""Benchmarks: celery-extras side by side with plain Celery, in one run, on this machine."""

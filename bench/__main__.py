@@ -1,0 +1,46 @@
+"""``python -m bench [NAME ...]``: run the benchmarks, print one table, write docs/benchmarks.md.
+
+Each module in :data:`BENCHES` has ``measure() -> list[Row]``; it starts its own
+real workers (plain Celery and celery-extras) against local Redis/RabbitMQ and
+stops them before it returns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from pathlib import Path
+
+from .table import Row, markdown, render
+
+BENCHES: tuple[str, ...] = ()  # module names under bench/, in table order
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+INTRO = """# Benchmarks
+
+`python -m bench` runs every benchmark against local Redis and RabbitMQ, each
+figure measured for plain Celery and for celery-extras side by side in the same
+run, and writes this table. "runs" is how many repetitions the median is over.
+
+"""
+
+
+def main(argv: list[str]) -> int:
+    chosen = argv or [name.rsplit(".", 1)[-1] for name in BENCHES]
+    rows: list[Row] = []
+    started = time.monotonic()
+    for name in chosen:
+        module = importlib.import_module(f"bench.{name}")
+        print(f"running {name} ...", flush=True)
+        rows.extend(module.measure())
+    print(render(rows))
+    print(f"({time.monotonic() - started:.0f} s)")
+    if not argv:
+        DOC.write_text(INTRO + markdown(rows))
+        print(f"wrote {DOC}")
+    return 0 if all(r.met for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
