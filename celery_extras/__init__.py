@@ -9,12 +9,34 @@ Add it to an app with one call::
 
 from .capability import Capability
 from .install import CAPABILITIES, install, settings_of
+from .policies import (
+    BucketPolicy,
+    ExponentialBackoff,
+    FastSlow,
+    Jitter,
+    MaxOf,
+    PolicyError,
+    RetryPolicy,
+    WithMaxWait,
+    limit,
+    retry_policy,
+)
 from .settings import Setting
 
 __all__ = [
     "CAPABILITIES",
+    "BucketPolicy",
     "Capability",
+    "ExponentialBackoff",
+    "FastSlow",
+    "Jitter",
+    "MaxOf",
+    "PolicyError",
+    "RetryPolicy",
     "Setting",
+    "WithMaxWait",
     "install",
+    "limit",
+    "retry_policy",
     "settings_of",
 ]

@@ -42,3 +42,26 @@ def show_settings(ctx: click.Context, as_json: bool) -> None:
         return
     for setting in all_settings():
         click.echo(f"{setting.key} = {values[setting.name]!r}")
+
+
+@extras.command(cls=CeleryCommand, name="limit")
+@click.argument("task_name")
+@click.argument("rate")
+@click.option("--burst", type=int, default=None, help="Tokens at once (default: the task's).")
+@click.option("--timeout", type=float, default=1.0, show_default=True, help="Seconds to wait "
+              "for the workers' replies.")  # fmt: skip
+@click.pass_context
+def limit_command(
+    ctx: click.Context, task_name: str, rate: str, burst: int | None, timeout: float
+) -> None:
+    """Change the limit() of TASK_NAME to RATE (e.g. 10/s) on every worker, now and later."""
+    from .policies.control import set_limit
+
+    try:
+        replies = set_limit(app_of(ctx), task_name, rate, burst, timeout)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="RATE/--burst") from None
+    click.echo(f"{task_name}: {rate} stored; workers started later apply it too")
+    for reply in replies:
+        for worker, answer in reply.items():
+            click.echo(f"  {worker}: {answer.get('ok') or 'ERROR: ' + str(answer.get('error'))}")

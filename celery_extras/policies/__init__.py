@@ -1,3 +1,35 @@
 """Per-task token-bucket limits and client-go style retry policies."""
 
-__all__: list[str] = []
+from .counts import Counts, MemoryCounts
+from .decorators import limit, retry_policy
+from .rate import parse_rate
+from .retry import retry_memory
+from .retry_limiters import (
+    BucketPolicy,
+    ExponentialBackoff,
+    FastSlow,
+    Jitter,
+    MaxOf,
+    RetryPolicy,
+    WithMaxWait,
+)
+from .spec import PolicyError
+from .token_bucket import TokenBucket
+
+__all__ = [
+    "BucketPolicy",
+    "Counts",
+    "ExponentialBackoff",
+    "FastSlow",
+    "Jitter",
+    "MaxOf",
+    "MemoryCounts",
+    "PolicyError",
+    "RetryPolicy",
+    "TokenBucket",
+    "WithMaxWait",
+    "limit",
+    "parse_rate",
+    "retry_memory",
+    "retry_policy",
+]

@@ -2,8 +2,88 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from celery import Celery, bootsteps
+
 from ..capability import Capability
+from ..settings import Setting, choice, number
+from .decorators import track_app
+from .enforce import ENFORCER_ATTR, Enforcer
 
-__all__ = ["POLICIES"]
+__all__ = ["POLICIES", "PoliciesStep"]
 
-POLICIES = Capability(name="policies")
+
+class PoliciesStep(bootsteps.StartStopStep):
+    """Consumer step owning the worker's :class:`~.enforce.Enforcer` (limits before the pool)."""
+
+    label = "extras-policies"
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        from ..install import settings_of  # install imports this module
+
+        setattr(c, ENFORCER_ATTR, Enforcer(c.app, settings_of(c.app)))
+
+    def start(self, c: Any) -> None:
+        getattr(c, ENFORCER_ATTR).load_overrides()
+
+    def stop(self, c: Any) -> None:
+        getattr(c, ENFORCER_ATTR).stop()
+
+    def shutdown(self, c: Any) -> None:
+        getattr(c, ENFORCER_ATTR).stop()
+
+    def info(self, c: Any) -> dict[str, Any]:
+        return {"extras_policies": getattr(c, ENFORCER_ATTR).info()}
+
+
+def _connect(app: Celery) -> None:
+    from . import control  # noqa: F401  (registers the extras_limit control command)
+
+    track_app(app)
+
+
+POLICIES = Capability(
+    name="policies",
+    settings=(
+        Setting(
+            "limit_max_hold",
+            2.0,
+            number(minimum=0),
+            "float",
+            "Longest wait (seconds) a rate-limited task is held in the worker (no pool slot, "
+            "prefetch window widened). A longer wait hands the message back to the broker "
+            "with the ETA of its booked slot (published again, then the original acked).",
+        ),
+        Setting(
+            "limit_on_store_error",
+            "local",
+            choice("local", "allow", "delay"),
+            "str",
+            "What a global limit does while its Redis store cannot be reached: ``'local'`` "
+            "applies the same rate per worker, ``'allow'`` runs tasks unlimited, ``'delay'`` "
+            "keeps each task waiting (unacked, never lost) and asks the store again every "
+            "``extras_limit_store_retry`` seconds. Logged once per outage.",
+        ),
+        Setting(
+            "limit_store_retry",
+            1.0,
+            number(above=0),
+            "float",
+            "Seconds between attempts to reach the store after it failed (the store is not "
+            "asked in between, so an outage does not slow every task by a timeout).",
+        ),
+        Setting(
+            "retry_memory_ttl",
+            86400.0,
+            number(above=0),
+            "float",
+            "Seconds a per-item failure count of a retry policy is kept after its last "
+            "failure (success forgets it at once).",
+        ),
+    ),
+    consumer_steps=(PoliciesStep,),
+    connect=_connect,
+)

@@ -1,0 +1,110 @@
+"""``limit(...)`` and ``retry_policy(...)``: stacked above ``@app.task`` / ``@shared_task``.
+
+Each checks its arguments at once (errors name the task and the argument),
+records the policy on the task's function (see :mod:`.registry`) and applies it
+to the tasks already made from that function in every app celery-extras is
+installed on; apps finalized later apply it as they finalize.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from celery import Celery, Task
+
+from .enforce import limited_strategy
+from .registry import policies_of, record, target_of, tasks_made_from
+from .retry import install_retry
+from .retry_limiters import RetryPolicy
+from .spec import KeyFunc, LimitSpec, RetrySpec
+
+__all__ = ["apply_policies", "limit", "retry_policy", "track_app"]
+
+T = TypeVar("T")
+
+_apps: weakref.WeakSet[Celery] = weakref.WeakSet()
+_STRATEGY = f"{limited_strategy.__module__}:{limited_strategy.__name__}"
+
+
+def limit(
+    rate: str | float,
+    *,
+    burst: int | None = None,
+    scope: str = "global",
+    key: KeyFunc | None = None,
+) -> Callable[[T], T]:
+    """Limit a task to *rate* (``"10/s"``, ``"100/m"``, ``"1000/h"``), *burst* at once.
+
+    ``scope="global"``: one bucket shared by every worker (on Redis);
+    ``scope="worker"``: one per worker. ``key(args, kwargs)`` gives each key its own
+    bucket. A task that must wait never holds a pool slot, is never run early and
+    never lost.
+    """
+
+    def decorate(task: T) -> T:
+        fun, name = target_of(task)
+        record(fun).limit = LimitSpec.build(name, rate, burst, scope, key)
+        _apply_everywhere(fun)
+        return task
+
+    return decorate
+
+
+def retry_policy(
+    *,
+    on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+    policy: RetryPolicy,
+    max_retries: int | None = None,
+    per_item: bool = False,
+    key: KeyFunc | None = None,
+) -> Callable[[T], T]:
+    """Retry the task on *on* after ``policy.when(item)`` seconds, *max_retries* times at most.
+
+    The item is the task id, or with ``per_item=True`` ``key(args, kwargs)``; its
+    failures are counted in the store (seen by every worker) and forgotten on
+    success. Out of retries, the task fails with the original exception.
+    """
+
+    def decorate(task: T) -> T:
+        fun, name = target_of(task)
+        record(fun).retry = RetrySpec.build(name, on, policy, max_retries, per_item, key)
+        _apply_everywhere(fun)
+        return task
+
+    return decorate
+
+
+def apply_to_task(task: Task) -> None:
+    """Give *task* the strategy and ``run`` wrapper its recorded policies need (idempotent)."""
+    policies = policies_of(task)
+    if policies is None:
+        return
+    if policies.limit is not None and task.__dict__.get("Strategy") != _STRATEGY:
+        task._extras_strategy = task.Strategy
+        task.Strategy = _STRATEGY
+    if policies.retry is not None:
+        install_retry(task, policies.retry)
+
+
+def apply_policies(sender: Celery, **kwargs: Any) -> None:
+    """Apply recorded policies to every task of a finalized app (``on_after_finalize``)."""
+    for task in list(sender._tasks.values()):
+        apply_to_task(task)
+
+
+def track_app(app: Celery) -> None:
+    """Apply policies in *app*, now if it is finalized and on every later decoration."""
+    _apps.add(app)
+    if app.finalized:
+        apply_policies(app)
+    else:
+        app.on_after_finalize.connect(apply_policies, sender=app, weak=False)
+
+
+def _apply_everywhere(fun: Callable[..., Any]) -> None:
+    for app in list(_apps):
+        if app.finalized:
+            for task in tasks_made_from(app, fun):
+                apply_to_task(task)

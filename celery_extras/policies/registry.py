@@ -1,0 +1,92 @@
+"""Where a task's policies are recorded, and how they are found from any task object.
+
+``limit`` and ``retry_policy`` sit above ``@app.task`` or ``@shared_task``, which
+return a task, a ``PromiseProxy`` (app not finalized yet) or a ``Proxy`` (shared
+task, one real task per app). All three wrap one plain function; the policies
+are recorded on that function, so every task made from it, in every app and in
+every process, finds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery, Task
+from celery.local import PromiseProxy, Proxy
+
+from .spec import LimitSpec, RetrySpec
+
+__all__ = ["POLICY_ATTR", "TaskPolicies", "policies_of", "target_of"]
+
+POLICY_ATTR = "__extras_policies__"
+
+
+@dataclass
+class TaskPolicies:
+    """The limit and retry policy declared on one task function."""
+
+    limit: LimitSpec | None = None
+    retry: RetrySpec | None = None
+
+
+def _function_of_task(task: Task) -> Callable[..., Any] | None:
+    for klass in type(task).__mro__:
+        run = klass.__dict__.get("run")
+        if run is not None:
+            fun = getattr(run, "__func__", run)  # staticmethod for unbound tasks
+            return fun if callable(fun) else None
+    return None
+
+
+def _closure(fun: Callable[..., Any]) -> dict[str, Any]:
+    code = getattr(fun, "__code__", None)
+    cells = getattr(fun, "__closure__", None) or ()
+    if code is None:
+        return {}
+    return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells, strict=False)}
+
+
+def target_of(task: Any) -> tuple[Callable[..., Any], str]:
+    """``(function, task name)`` behind *task*; :class:`TypeError` if it is not a task."""
+    if isinstance(task, PromiseProxy):  # @app.task before the app is finalized
+        args = object.__getattribute__(task, "_Proxy__args")
+        opts = object.__getattribute__(task, "_Proxy__kwargs")
+        if args and callable(args[0]):
+            fun = args[0]
+            return fun, opts.get("name") or f"{fun.__module__}.{fun.__name__}"
+    elif isinstance(task, Proxy):  # @shared_task
+        local = object.__getattribute__(task, "_Proxy__local")
+        scope = _closure(local)
+        fun = scope.get("fun")
+        if callable(fun):
+            return fun, scope.get("name") or f"{fun.__module__}.{fun.__name__}"
+    elif isinstance(task, Task):
+        fun = _function_of_task(task)
+        if fun is not None:
+            return fun, str(task.name)
+    raise TypeError(
+        f"{task!r} is not a Celery task: put limit()/retry_policy() above @app.task or @shared_task"
+    )
+
+
+def policies_of(task: Task) -> TaskPolicies | None:
+    """The policies declared on *task*'s function, or ``None``."""
+    fun = _function_of_task(task)
+    found = getattr(fun, POLICY_ATTR, None) if fun is not None else None
+    return found if isinstance(found, TaskPolicies) else None
+
+
+def record(fun: Callable[..., Any]) -> TaskPolicies:
+    """The (new or existing) policies record of *fun*."""
+    found = getattr(fun, POLICY_ATTR, None)
+    if not isinstance(found, TaskPolicies):
+        found = TaskPolicies()
+        setattr(fun, POLICY_ATTR, found)
+    return found
+
+
+def tasks_made_from(app: Celery, fun: Callable[..., Any]) -> list[Task]:
+    """The tasks of a finalized *app* whose function is *fun*."""
+    return [t for t in app._tasks.values() if _function_of_task(t) is fun]
