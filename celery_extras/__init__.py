@@ -22,6 +22,7 @@ from .policies import (
     retry_policy,
 )
 from .settings import Setting
+from .stats import Histogram, TimeWheel
 
 __all__ = [
     "CAPABILITIES",
@@ -29,11 +30,13 @@ __all__ = [
     "Capability",
     "ExponentialBackoff",
     "FastSlow",
+    "Histogram",
     "Jitter",
     "MaxOf",
     "PolicyError",
     "RetryPolicy",
     "Setting",
+    "TimeWheel",
     "WithMaxWait",
     "install",
     "limit",

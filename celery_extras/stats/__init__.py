@@ -1,3 +1,26 @@
-"""Time-wheel throughput statistics per task, emitted as Celery events."""
+"""Time-wheel throughput statistics per task, emitted as Celery events.
 
-__all__: list[str] = []
+Pure parts (no Celery import): :class:`TimeWheel` (ring of buckets reset lazily
+by round, with a coarser wheel behind it), :class:`Histogram` (fixed log-scale
+runtimes), :class:`Recorder` (a wheel per task name). Celery glue:
+:mod:`.recording` (worker step counting in the main process), :mod:`.emitter`
+(``worker-throughput`` events and ``inspect stats``), :mod:`.listener`,
+:mod:`.monitor` (``celery extras top``) and :mod:`.prometheus`.
+"""
+
+from .histogram import Histogram
+from .recorder import COUNTERS, LockedRecorder, Recorder
+from .schema import Malformed, Throughput, parse
+from .timewheel import TimeWheel, minute_wheel
+
+__all__ = [
+    "COUNTERS",
+    "Histogram",
+    "LockedRecorder",
+    "Malformed",
+    "Recorder",
+    "Throughput",
+    "TimeWheel",
+    "minute_wheel",
+    "parse",
+]

@@ -1,0 +1,142 @@
+"""Per task name counters of what a worker did, on time wheels, and the figures they give.
+
+A :class:`Recorder` keeps one :func:`~.timewheel.minute_wheel` per task name and
+counts the events of the stats contract in it (:data:`COUNTERS`). Recording is a
+dict lookup and a list increment, lock-free: the worker calls it from one thread.
+:class:`LockedRecorder` is the same behind a lock, for pools whose callbacks run
+in several threads. At most ``max_tasks`` names get their own wheel; events of
+further names are counted under :data:`OTHER` so foreign messages cannot grow
+memory without bound.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .timewheel import Clock, TimeWheel, minute_wheel
+
+__all__ = [
+    "COUNTERS",
+    "FAILED",
+    "OTHER",
+    "PERCENTILES",
+    "RATE_LIMITED",
+    "RECEIVED",
+    "REJECTED",
+    "RETRIED",
+    "REVOKED",
+    "STARTED",
+    "SUCCEEDED",
+    "LockedRecorder",
+    "Recorder",
+]
+
+#: The counters of the ``worker-throughput`` event, in this order.
+COUNTERS = (
+    "received",
+    "started",
+    "succeeded",
+    "failed",
+    "retried",
+    "rejected",
+    "revoked",
+    "rate_limited",
+)
+RECEIVED, STARTED, SUCCEEDED, FAILED, RETRIED, REJECTED, REVOKED, RATE_LIMITED = range(8)
+#: The runtime percentiles reported, as ``p<n>`` keys.
+PERCENTILES = (50, 95, 99)
+#: Name under which events of task names beyond ``max_tasks`` are counted.
+OTHER = "<other>"
+
+
+class Recorder:
+    """Counts per task name on time wheels; :meth:`snapshot` gives the contract's figures."""
+
+    def __init__(
+        self,
+        clock: Clock = time.monotonic,
+        max_tasks: int = 1000,
+        wheel: Callable[[int, Clock], TimeWheel] = minute_wheel,
+    ) -> None:
+        if max_tasks < 1:
+            raise ValueError(f"max_tasks must be >= 1, got {max_tasks!r}")
+        self.clock = clock
+        self.max_tasks = max_tasks
+        self._make_wheel = wheel
+        self._wheels: dict[str, TimeWheel] = {}
+
+    def _wheel(self, name: str) -> TimeWheel:
+        if len(self._wheels) >= self.max_tasks:
+            name = OTHER
+        wheel = self._wheels.get(name)
+        if wheel is None:
+            wheel = self._wheels[name] = self._make_wheel(len(COUNTERS), self.clock)
+        return wheel
+
+    def count(self, name: str, counter: int, n: int = 1) -> None:
+        """Add *n* to *counter* (an index into :data:`COUNTERS`) of task *name*, now."""
+        wheel = self._wheels.get(name)
+        if wheel is None:
+            wheel = self._wheel(name)
+        wheel.add(counter, n)
+
+    def runtime(self, name: str, seconds: float) -> None:
+        """Record that a run of task *name* took *seconds*."""
+        wheel = self._wheels.get(name)
+        if wheel is None:
+            wheel = self._wheel(name)
+        wheel.add_runtime(seconds)
+
+    def names(self) -> list[str]:
+        return sorted(self._wheels)
+
+    def check_windows(self, windows: Sequence[float]) -> None:
+        """Raise :class:`ValueError` when the wheels cannot answer one of *windows*."""
+        self._make_wheel(len(COUNTERS), self.clock).check_windows(windows)
+
+    def snapshot(self, windows: Sequence[float], partial: bool = False) -> dict[str, Any]:
+        """``{"windows": [...], "tasks": {name: {counter: [per window], "runtime": {...}}}}``.
+
+        Only names with something counted in the longest window are listed; the
+        runtime figures are over the longest window (``None`` percentiles when empty).
+        """
+        tasks: dict[str, Any] = {}
+        for name in sorted(self._wheels):
+            summary = self._wheels[name].summary(windows, partial)
+            if not any(any(row) for row in summary.counts) and summary.runtime.count == 0:
+                continue
+            figures: dict[str, Any] = {
+                counter: [row[i] for row in summary.counts] for i, counter in enumerate(COUNTERS)
+            }
+            hist = summary.runtime
+            figures["runtime"] = {
+                "count": hist.count,
+                "sum": hist.total,
+                "max": hist.high,
+                **{f"p{p}": hist.percentile(p) for p in PERCENTILES},
+            }
+            tasks[name] = figures
+        return {"windows": list(windows), "tasks": tasks}
+
+
+class LockedRecorder(Recorder):
+    """A :class:`Recorder` safe to call from several threads (threads pool, no event loop)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+
+    def count(self, name: str, counter: int, n: int = 1) -> None:
+        with self._lock:
+            super().count(name, counter, n)
+
+    def runtime(self, name: str, seconds: float) -> None:
+        with self._lock:
+            super().runtime(name, seconds)
+
+    def snapshot(self, windows: Sequence[float], partial: bool = False) -> dict[str, Any]:
+        with self._lock:
+            return super().snapshot(windows, partial)
