@@ -7,7 +7,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Reject
 
-__all__ = ["fails", "rejects", "retries_once", "succeeds"]
+__all__ = ["fails", "rejects", "retries_once", "revoked", "succeeds"]
 
 
 @shared_task(name="tests.stats.succeeds")
@@ -31,3 +31,9 @@ def retries_once(self: Task) -> str:
 @shared_task(name="tests.stats.rejects")
 def rejects() -> None:
     raise Reject("stats test reject", requeue=False)
+
+
+@shared_task(name="tests.stats.revoked")
+def revoked() -> None:
+    """Sent only after its id was revoked: never runs."""
+    raise AssertionError("a revoked task ran")

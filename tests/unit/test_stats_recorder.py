@@ -1,0 +1,140 @@
+"""Recorder with a fake clock: counts per name, the contract's figures, the name cap, signals."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+from celery import Celery
+
+from celery_extras.signals import task_rate_limited
+from celery_extras.stats.recorder import (
+    COUNTERS,
+    FAILED,
+    OTHER,
+    RATE_LIMITED,
+    RECEIVED,
+    SUCCEEDED,
+    LockedRecorder,
+    Recorder,
+)
+from celery_extras.stats.recording import _Receivers
+
+
+class FakeClock:
+    def __init__(self, now: float = 5000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_snapshot_has_exactly_the_contract_fields() -> None:
+    clock = FakeClock()
+    rec = Recorder(clock)
+    for _ in range(3):
+        rec.count("a", RECEIVED)
+    rec.count("a", SUCCEEDED, 2)
+    rec.count("a", FAILED)
+    rec.runtime("a", 0.25)
+    rec.runtime("a", 0.5)
+    clock.now += 1
+    snap = rec.snapshot([1, 10, 60, 3600])
+    assert snap["windows"] == [1, 10, 60, 3600]
+    figures = snap["tasks"]["a"]
+    assert set(figures) == {*COUNTERS, "runtime"}
+    assert figures["received"] == [3, 3, 3, 3]
+    assert figures["succeeded"] == [2, 2, 2, 2]
+    assert figures["failed"] == [1, 1, 1, 1]
+    assert figures["rate_limited"] == [0, 0, 0, 0]
+    assert set(figures["runtime"]) == {"count", "sum", "max", "p50", "p95", "p99"}
+    assert figures["runtime"]["count"] == 2
+    assert figures["runtime"]["sum"] == 0.75
+    assert figures["runtime"]["max"] == figures["runtime"]["p99"] == 0.5
+    assert figures["runtime"]["p50"] == pytest.approx(0.25, rel=0.023)
+
+
+def test_names_idle_for_longer_than_the_longest_window_are_left_out() -> None:
+    clock = FakeClock()
+    rec = Recorder(clock)
+    rec.count("old", RECEIVED)
+    clock.now += 30
+    rec.count("new", RECEIVED)
+    clock.now += 1
+    assert set(rec.snapshot([1, 10])["tasks"]) == {"new"}
+    assert set(rec.snapshot([1, 60])["tasks"]) == {"old", "new"}
+    clock.now += 1
+    assert rec.snapshot([1])["tasks"] == {}
+
+
+def test_names_beyond_max_tasks_are_counted_under_other() -> None:
+    clock = FakeClock()
+    rec = Recorder(clock, max_tasks=3)
+    for i in range(10):
+        rec.count(f"t{i}", RECEIVED)
+    rec.count("t0", RECEIVED)
+    clock.now += 1
+    tasks = rec.snapshot([60])["tasks"]
+    assert {name: f["received"] for name, f in tasks.items()} == {
+        "t0": [2],
+        "t1": [1],
+        "t2": [1],
+        OTHER: [7],
+    }
+
+
+def test_locked_recorder_counts_the_same() -> None:
+    clock = FakeClock()
+    rec = LockedRecorder(clock)
+    rec.count("a", RECEIVED, 4)
+    rec.runtime("a", 1.0)
+    clock.now += 1
+    assert rec.snapshot([1])["tasks"]["a"]["received"] == [4]
+
+
+@pytest.fixture
+def recording() -> Iterator[tuple[Celery, Recorder, FakeClock]]:
+    app = Celery("stats-unit", set_as_current=False)
+    clock = FakeClock()
+    rec = Recorder(clock)
+    receivers = _Receivers(app, rec)
+    receivers.connect()
+    try:
+        yield app, rec, clock
+    finally:
+        receivers.disconnect()
+        app.close()
+
+
+def test_task_rate_limited_signal_is_counted_for_its_app_only(
+    recording: tuple[Celery, Recorder, FakeClock],
+) -> None:
+    app, rec, clock = recording
+    other = Celery("other", set_as_current=False)
+    task_rate_limited.send(sender="tasks.fetch", request=SimpleNamespace(app=app), wait=0.5)
+    task_rate_limited.send(sender="tasks.fetch", request=None, wait=0.5)
+    task_rate_limited.send(sender="tasks.fetch", request=SimpleNamespace(app=other), wait=0.5)
+    task_rate_limited.send(sender=None, request=None, wait=0.5)  # no task name: ignored
+    clock.now += 1
+    figures = rec.snapshot([1])["tasks"]["tasks.fetch"]
+    assert figures["rate_limited"] == [2]
+    assert figures["received"] == [0]
+    other.close()
+
+
+def test_disconnected_receivers_count_nothing(
+    recording: tuple[Celery, Recorder, FakeClock],
+) -> None:
+    app, rec, clock = recording
+    receivers = _Receivers(app, rec)
+    receivers.connect()
+    receivers.disconnect()
+    task_rate_limited.send(sender="x", request=None, wait=0.1)
+    clock.now += 1
+    assert rec.snapshot([1])["tasks"]["x"]["rate_limited"] == [1]  # the fixture's receiver only
+
+
+def test_counter_indices_match_the_contract_order() -> None:
+    assert COUNTERS[RECEIVED] == "received"
+    assert COUNTERS[RATE_LIMITED] == "rate_limited"
