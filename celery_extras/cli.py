@@ -65,3 +65,31 @@ def limit_command(
     for reply in replies:
         for worker, answer in reply.items():
             click.echo(f"  {worker}: {answer.get('ok') or 'ERROR: ' + str(answer.get('error'))}")
+
+
+@extras.command(cls=CeleryCommand, name="top")
+@click.option("--refresh", default=1.0, show_default=True, help="Seconds between redraws.")
+@click.option("--iterations", type=int, default=None, help="Draw this many frames, then exit.")
+@click.option("--no-clear", is_flag=True, help="Append frames instead of redrawing in place.")
+@click.pass_context
+def top_command(ctx: click.Context, refresh: float, iterations: int | None, no_clear: bool) -> None:
+    """Live table of task rates, failures and p95 runtime per worker and cluster-wide."""
+    from .stats.monitor import top
+
+    top(app_of(ctx), refresh=refresh, iterations=iterations, clear=not no_clear)
+
+
+@extras.command(cls=CeleryCommand, name="exporter")
+@click.option("--port", type=int, default=9808, show_default=True, help="Port of /metrics.")
+@click.option("--address", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.pass_context
+def exporter_command(ctx: click.Context, port: int, address: str) -> None:
+    """Serve the workers' throughput figures to Prometheus on /metrics."""
+    try:
+        from .stats.prometheus import serve
+    except ImportError as exc:
+        raise click.ClickException(
+            f"{exc}: install prometheus-client (pip install 'celery-extras[prometheus]')"
+        ) from exc
+    click.echo(f"celery-extras exporter: http://{address}:{port}/metrics", err=True)
+    serve(app_of(ctx), port, address)

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from celery.result import AsyncResult
 from celery.utils import uuid
+from kombu import Exchange
 
 from celery_extras.stats.listener import ClusterState, Listener
 from celery_extras.stats.recorder import COUNTERS
 from celery_extras.stats.schema import Throughput
 from tests.integration.conftest import Cluster
-from tests.support.workers import wait_for
+from tests.support import proj
+from tests.support.workers import ROOT, wait_for
 
 STATS_TASKS = ("tests.support.tasks_stats",)
 WINDOWS = [1, 10, 60, 3600]
@@ -125,3 +134,175 @@ def test_prefork_worker_counts_equal_the_truth_in_events_and_inspect_stats(
     for figures in runtimes.values():
         if figures["count"]:
             assert 0 < figures["p50"] <= figures["p95"] <= figures["p99"] <= figures["max"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Service:
+    """A ``celery -A tests.support.proj ...`` process in its own session, always stopped."""
+
+    def __init__(self, cluster: Cluster, name: str, args: list[str], extra_env: dict[str, str]):
+        self.log_path = cluster.logdir / f"{name}.log"
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            **proj.worker_env(cluster.broker, cluster.ns, cluster.conf, cluster.include),
+            **extra_env,
+        }
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.support.proj", *args],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def http_get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body: bytes = response.read()
+            return body.decode()
+    except OSError:
+        return None
+
+
+def metric(text: str | None, name: str, **labels: str) -> float | None:
+    """The value of the sample *name* whose labels include *labels*, from /metrics text."""
+    for line in (text or "").splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        sample, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in sample for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+def send_malformed_events(cluster: Cluster) -> int:
+    """Publish bad worker-throughput events; return how many events should be counted."""
+    app = cluster.app
+    bad_events: list[dict[str, Any]] = [
+        {"windows": [1, 10]},  # no tasks
+        {"windows": "all", "tasks": {}},
+        {"windows": [1], "tasks": {"x": {"received": ["1"]}}},
+        {"windows": [1], "tasks": {f"t{i}": {} for i in range(20_000)}},  # huge
+        {"windows": [1], "tasks": {"y" * 100_000: {}}},
+    ]
+    with app.connection_for_write() as conn:
+        dispatcher = app.events.Dispatcher(conn, hostname="evil@stats-test", enabled=True)
+        for fields in bad_events:
+            dispatcher.send("worker-throughput", **fields)
+        dispatcher.close()
+        exchange = Exchange(app.conf.event_exchange, type="topic")
+        with conn.Producer() as producer:  # not even events
+            producer.publish(
+                ["garbage", {"type": "worker-throughput", "clock": "x"}],
+                exchange=exchange,
+                routing_key="worker.throughput",
+                serializer="json",
+                declare=[exchange],
+                # Celery's own gossip consumer (in every worker) reads the sender from this
+                # header; without it, it crashes the worker's consumer on a non-dict body
+                headers={"hostname": "evil@stats-test"},
+            )
+    return len(bad_events) + 2
+
+
+def test_flower_exporter_and_top_show_the_figures_and_survive_bad_events(
+    cluster: Cluster, send: Callable[..., Any]
+) -> None:
+    cluster.configure(include=STATS_TASKS, extras_stats_interval=0.5)
+    worker = cluster.worker("stats2", concurrency=2)
+    results = [send("tests.stats.succeeds", i) for i in range(5)]
+    results += [send("tests.stats.fails") for _ in range(2)]
+    for result in results:
+        result.get(timeout=60, propagate=False)
+
+    flower_port, exporter_port = free_port(), free_port()
+    flowerconfig = cluster.logdir / "flowerconfig.py"
+    flowerconfig.write_text("from celery_extras.stats.prometheus import in_flower; in_flower()\n")
+    services = []
+    try:
+        flower = Service(
+            cluster,
+            "flower",
+            ["flower", f"--port={flower_port}", "--address=127.0.0.1", f"--conf={flowerconfig}"],
+            {"FLOWER_UNAUTHENTICATED_API": "true"},
+        )
+        services.append(flower)
+        exporter = Service(
+            cluster, "exporter", ["extras", "exporter", "--port", str(exporter_port)], {}
+        )
+        services.append(exporter)
+        top = Service(cluster, "top", ["extras", "top", "--refresh", "0.5", "--no-clear"], {})
+        services.append(top)
+        flower_metrics = f"http://127.0.0.1:{flower_port}/metrics"
+        exporter_metrics = f"http://127.0.0.1:{exporter_port}/metrics"
+        labels = {"worker": worker.hostname, "task": "tests.stats.succeeds", "window": "3600"}
+
+        def figures_everywhere() -> bool:
+            for url in (flower_metrics, exporter_metrics):
+                text = http_get(url)
+                ok = metric(text, "celery_extras_task_events", counter="succeeded", **labels)
+                failed = metric(
+                    text, "celery_extras_task_events",
+                    **{**labels, "task": "tests.stats.fails"}, counter="failed",
+                )  # fmt: skip
+                if (ok, failed) != (5.0, 2.0):
+                    return False
+            return f"  {worker.hostname}" not in top.log() and worker.hostname in top.log()
+
+        wait_for(
+            figures_everywhere, timeout=90, interval=0.5, what="figures in flower/exporter/top"
+        )
+
+        # Flower's workers API shows the worker's inspect stats, with the figures under extras
+        def flower_workers() -> dict[str, Any] | None:
+            body = http_get(f"http://127.0.0.1:{flower_port}/api/workers?refresh=1")
+            if not body:
+                return None
+            stats = json.loads(body).get(worker.hostname, {}).get("stats", {})
+            extras: dict[str, Any] | None = stats.get("extras")
+            return extras
+
+        extras = wait_for(flower_workers, timeout=60, interval=1, what="flower /api/workers")
+        assert counts_in(extras, 3600)["tests.stats.succeeds"]["succeeded"] == 5
+        assert counts_in(extras, 3600)["tests.stats.fails"]["failed"] == 2
+
+        sent = send_malformed_events(cluster)
+
+        def all_counted() -> bool:
+            counted = [
+                metric(http_get(url), "celery_extras_malformed_events_total")
+                for url in (flower_metrics, exporter_metrics)
+            ]
+            return counted == [sent, sent] and f"malformed events: {sent}" in top.log()
+
+        wait_for(all_counted, timeout=60, interval=0.5, what=f"{sent} malformed events counted")
+        assert all(s.alive() for s in services), [s.log()[-2000:] for s in services]
+        # still serving the figures after the bad events, and logged once per sender
+        text = http_get(exporter_metrics)
+        assert metric(text, "celery_extras_task_events", counter="succeeded", **labels) == 5.0, text
+        assert exporter.log().count("dropped a malformed worker-throughput event from") == 2
+        assert "tests.stats.succeeds" in top.log()
+    finally:
+        for service in services:
+            service.stop()
