@@ -60,9 +60,16 @@ class RetryPolicy(ABC):
     def num_requeues(self, item: str) -> int:
         """How many times *item* has been retried through this policy."""
 
+    _checked = False
+
     def check(self) -> None:
         """Raise :class:`ValueError` naming the policy and argument that is wrong."""
-        return None
+        self._checked = True
+
+    def _ready(self) -> None:
+        if not self._checked:
+            self.check()
+            self._checked = True
 
     def bind(self, counts: CountsFactory, path: str = "p") -> RetryPolicy:
         """A copy of this policy whose per-item memory comes from *counts*."""
@@ -93,7 +100,6 @@ class ExponentialBackoff(_Counting):
         self.base = base
         self.cap = cap
         self.counts: Counts = MemoryCounts()
-        self._checked = False
 
     def check(self) -> None:
         self.base = _seconds("ExponentialBackoff", "base", self.base)
@@ -102,7 +108,6 @@ class ExponentialBackoff(_Counting):
             raise ValueError(
                 f"ExponentialBackoff cap: must be >= base ({self.base!r}), got {self.cap!r}"
             )
-        self._checked = True
 
     def delay(self, failures: int) -> float:
         """The wait after *failures* earlier failures, without overflow for any count."""
@@ -113,8 +118,7 @@ class ExponentialBackoff(_Counting):
         return min(backoff, self.cap)
 
     def when(self, item: str) -> float:
-        if not self._checked:
-            self.check()
+        self._ready()
         return self.delay(self.counts.incr(item) - 1)
 
     def __repr__(self) -> str:
@@ -129,7 +133,6 @@ class FastSlow(_Counting):
         self.slow = slow
         self.max_fast = max_fast
         self.counts: Counts = MemoryCounts()
-        self._checked = False
 
     def check(self) -> None:
         self.fast = _seconds("FastSlow", "fast", self.fast)
@@ -137,11 +140,9 @@ class FastSlow(_Counting):
         m = self.max_fast
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise ValueError(f"FastSlow max_fast: expected an integer >= 0, got {m!r}")
-        self._checked = True
 
     def when(self, item: str) -> float:
-        if not self._checked:
-            self.check()
+        self._ready()
         return self.fast if self.counts.incr(item) <= self.max_fast else self.slow
 
     def __repr__(self) -> str:
@@ -161,6 +162,7 @@ class MaxOf(RetryPolicy):
             p.check()
 
     def when(self, item: str) -> float:
+        self._ready()
         return max([p.when(item) for p in self.policies])  # every policy counts the failure
 
     def forget(self, item: str) -> None:
@@ -208,6 +210,7 @@ class WithMaxWait(_Wrapper):
         self.max_wait = _seconds("WithMaxWait", "max_wait", self.max_wait)
 
     def when(self, item: str) -> float:
+        self._ready()
         return min(self.policy.when(item), self.max_wait)
 
     def __repr__(self) -> str:
@@ -240,6 +243,7 @@ class Jitter(_Wrapper):
         self.policy.check()
 
     def when(self, item: str) -> float:
+        self._ready()
         delay = self.policy.when(item)
         if self.mode == "full":
             return self.rng.uniform(0.0, delay)
@@ -275,9 +279,8 @@ class BucketPolicy(RetryPolicy):
             self.bucket = TokenBucket(rate, self.burst, self.clock)
 
     def when(self, item: str) -> float:
-        if self.bucket is None:
-            self.check()
-            assert self.bucket is not None
+        self._ready()
+        assert self.bucket is not None
         return self.bucket.reserve()
 
     def forget(self, item: str) -> None:

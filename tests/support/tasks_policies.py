@@ -12,10 +12,10 @@ from celery_extras.policies import retry_memory
 from .journal import Journal
 
 __all__ = ["BACKOFF", "exhaust", "flaky", "global20", "kill_early", "kill_late", "per_key",
-           "store_down", "worker10"]  # fmt: skip
+           "store_down", "tunable", "worker10"]  # fmt: skip
 
-#: The backoff of ``flaky``: 0.25, 0.5, 1.0, 1.5, 1.5 ... seconds.
-BACKOFF = ExponentialBackoff(base=0.25, cap=1.5)
+#: The backoff of ``flaky``: 0.3, 0.6, 1.2, 1.5, 1.5 ... seconds.
+BACKOFF = ExponentialBackoff(base=0.3, cap=1.5)
 
 
 def _note(task: Task, **fields: Any) -> None:
@@ -60,6 +60,13 @@ def kill_late(self: Task, tag: Any = None) -> Any:
 @limit("2/s", scope="global")
 @shared_task(bind=True, name="tests.policies.store_down")
 def store_down(self: Task, tag: Any = None) -> Any:
+    _note(self, tag=tag)
+    return tag
+
+
+@limit("1/s", scope="worker")
+@shared_task(bind=True, name="tests.policies.tunable")
+def tunable(self: Task, tag: Any = None) -> Any:
     _note(self, tag=tag)
     return tag
 

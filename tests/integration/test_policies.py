@@ -1,0 +1,294 @@
+"""Limits and retry policies on real workers, on Redis and on RabbitMQ (store: Redis).
+
+Rates are measured from the journal's task start times (``t``), written by the
+pool processes as each task starts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from celery_extras.policies import retry_memory
+from celery_extras.policies.control import set_limit
+from tests.integration.conftest import Cluster
+from tests.support import tasks_policies
+from tests.support.journal import Journal
+from tests.support.workers import ROOT, wait_for
+
+INCLUDE = ("tests.support.tasks_policies",)
+
+
+def starts(journal: Journal, task: str) -> list[float]:
+    return sorted(e["t"] for e in journal.entries() if e["task"] == task)
+
+
+def steady_rate(times: Sequence[float], burst: int) -> float:
+    """Tasks per second after the initial burst: (n - burst) / (last - first)."""
+    return (len(times) - burst) / (times[-1] - times[0])
+
+
+def busiest_second(times: Sequence[float]) -> int:
+    return max(sum(1 for s in times if t <= s < t + 1.0) for t in times)
+
+
+def wait_journal(journal: Journal, count: int, timeout: float, what: str) -> None:
+    wait_for(lambda: len(journal) >= count, timeout=timeout, interval=0.2, what=what)
+
+
+def test_global_limit_holds_across_three_workers(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    for name in ("w1", "w2", "w3"):
+        cluster.worker(name, concurrency=2, start=False).start(wait=False)
+    for worker in cluster.workers:
+        worker.wait_ready()
+    for i in range(400):
+        send("tests.policies.global20", i)
+    wait_journal(journal, 400, timeout=90, what="400 global20 runs")
+
+    times = starts(journal, "tests.policies.global20")
+    entries = journal.entries()
+    assert sorted(e["tag"] for e in entries) == list(range(400))  # each exactly once
+    assert len({e["worker"] for e in entries}) == 3  # the limit is shared, not per worker
+    rate = steady_rate(times, burst=2)
+    assert 19.0 <= rate <= 21.0, f"achieved {rate:.2f}/s for 20/s"
+    assert busiest_second(times) <= 20 + 2
+
+
+def test_worker_limit_sustains_rate_and_lets_other_tasks_through(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    for i in range(200):
+        send("tests.policies.worker10", i)
+    cluster.worker("w1", concurrency=2)
+    wait_journal(journal, 30, timeout=30, what="the limited run to be under way")
+    sent = time.time()
+    send("tests.noop", "unlimited")
+    wait_for(
+        lambda: any(e["task"] == "tests.noop" for e in journal.entries()),
+        timeout=10,
+        what="the unlimited task",
+    )
+    wait_journal(journal, 201, timeout=60, what="200 worker10 runs")
+
+    entries = journal.entries()
+    unlimited = next(e for e in entries if e["task"] == "tests.noop")
+    assert unlimited["t"] - sent <= 0.5, (
+        f"unlimited task started {unlimited['t'] - sent:.2f} s late"
+    )
+    times = starts(journal, "tests.policies.worker10")
+    assert len(times) == 200
+    rate = steady_rate(times, burst=1)
+    assert 9.5 <= rate <= 10.5, f"achieved {rate:.2f}/s for 10/s"
+    # no collapse: every 2-second stretch of the run keeps the rate
+    for k in range(int((times[-1] - times[0]) // 2)):
+        lo = times[0] + 2 * k
+        in_window = sum(1 for t in times if lo <= t < lo + 2)
+        assert 19 <= in_window <= 21, f"{in_window} tasks in seconds {2 * k}-{2 * k + 2}"
+
+
+def test_per_key_buckets_run_side_by_side(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    for i in range(20):
+        send("tests.policies.per_key", "alice", i)
+        send("tests.policies.per_key", "bob", i)
+    cluster.worker("w1", concurrency=2)
+    wait_journal(journal, 40, timeout=40, what="40 per_key runs")
+
+    by_key: dict[str, list[float]] = defaultdict(list)
+    for e in journal.entries():
+        by_key[e["customer"]].append(e["t"])
+    alice, bob = sorted(by_key["alice"]), sorted(by_key["bob"])
+    assert len(alice) == len(bob) == 20
+    for times in (alice, bob):
+        assert 4.6 <= steady_rate(times, burst=1) <= 5.4
+        assert busiest_second(times) <= 5 + 1
+    assert abs(alice[0] - bob[0]) < 1.0 and abs(alice[-1] - bob[-1]) < 1.0  # concurrently
+    both = sorted(alice + bob)
+    assert 9.2 <= steady_rate(both, burst=2) <= 10.8
+
+
+def test_per_item_backoff_doubles_up_to_the_cap_and_success_forgets(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    cluster.worker("w1", concurrency=2)
+    result = send("tests.policies.flaky", "item-1", 5)
+    assert result.get(timeout=30) == 5
+
+    runs = sorted(journal.entries(), key=lambda e: e["t"])
+    assert [e["retries"] for e in runs] == [0, 1, 2, 3, 4, 5]
+    assert [e["requeues"] for e in runs] == [0, 1, 2, 3, 4, 5]
+    gaps = [b["t"] - a["t"] for a, b in zip(runs, runs[1:], strict=False)]
+    for gap, expected in zip(gaps, [0.3, 0.6, 1.2, 1.5, 1.5], strict=True):
+        assert expected <= gap <= expected + 0.5, f"gaps {gaps}"
+    assert (
+        retry_memory(cluster.app, "tests.policies.flaky", tasks_policies.BACKOFF).num_requeues(
+            "item-1"
+        )
+        == 0
+    )
+
+
+def test_failure_memory_is_shared_and_forgotten_across_workers(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    ns = cluster.ns
+    w1 = cluster.worker("w1", queues=(ns,))
+    w2 = cluster.worker("w2", queues=(f"{ns}.b",))
+    memory = retry_memory(cluster.app, "tests.policies.flaky", tasks_policies.BACKOFF)
+
+    first = send("tests.policies.flaky", "acct", 3, "first", queue=ns)
+    wait_for(lambda: memory.num_requeues("acct") == 3, timeout=20, what="3 failures of acct")
+    # w1 now waits 1.2 s before the next attempt; w2 sees the failures and its success forgets
+    second = send("tests.policies.flaky", "acct", 0, "second", queue=f"{ns}.b")
+    assert second.get(timeout=20) == 0
+    assert first.get(timeout=20) == 3
+
+    runs = sorted(journal.entries(), key=lambda e: e["t"])
+    seen = [(e["tag"], e["worker"], e["requeues"]) for e in runs]
+    assert seen == [
+        ("first", w1.hostname, 0),
+        ("first", w1.hostname, 1),
+        ("first", w1.hostname, 2),
+        ("second", w2.hostname, 3),
+        ("first", w1.hostname, 0),  # forgotten by w2's success
+    ]
+    assert memory.num_requeues("acct") == 0
+
+
+def test_exhausted_retries_fail_with_the_original_exception(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    cluster.worker("w1")
+    result = send("tests.policies.exhaust", "x")
+    with pytest.raises(KeyError, match="missing x"):
+        result.get(timeout=20)
+    assert [e["retries"] for e in journal.entries()] == [0, 1, 2]
+
+
+def test_sigkill_while_tasks_wait_loses_none(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    ns = cluster.ns
+    cluster.configure(
+        include=INCLUDE,
+        broker_transport_options={  # Redis: give a dead worker's messages back after 8 s
+            "unacked_key": f"{ns}.unacked",
+            "unacked_index_key": f"{ns}.unacked_index",
+            "unacked_mutex_key": f"{ns}.unacked_mutex",
+            "visibility_timeout": 8,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        },
+    )
+    ids = [send(name, i).id for i in range(10) for name in
+           ("tests.policies.kill_early", "tests.policies.kill_late")]  # fmt: skip
+    w1 = cluster.worker("w1", concurrency=2)
+    wait_journal(journal, 4, timeout=30, what="the first limited runs")
+    stats = cluster.app.control.inspect(destination=[w1.hostname], timeout=2).stats() or {}
+    w1.kill()
+    waited = stats[w1.hostname]["extras_policies"]
+    assert waited["held"] + waited["republished"] > 0  # tasks were waiting when it died
+
+    cluster.worker("w2", concurrency=2)
+    wait_for(
+        lambda: {e["id"] for e in journal.entries()} >= set(ids),
+        timeout=60,
+        interval=0.5,
+        what="every task to run after the SIGKILL",
+    )
+
+
+def test_store_unreachable_falls_back_to_local_and_logs_once(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE, extras_redis_url="redis://127.0.0.1:1/0")
+    worker = cluster.worker("w1")
+    results = [send("tests.policies.store_down", i) for i in range(7)]
+    assert sorted(r.get(timeout=30) for r in results) == list(range(7))
+    times = starts(journal, "tests.policies.store_down")
+    assert times[-1] - times[0] >= 6 / 2 - 0.05  # 2/s applied locally: 7 runs take >= 3 s
+    assert worker.log().count("the store is unreachable") == 1
+
+
+def test_store_unreachable_delay_keeps_every_task(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(
+        include=INCLUDE,
+        extras_redis_url="redis://127.0.0.1:1/0",
+        extras_limit_on_store_error="delay",
+        extras_limit_store_retry=0.2,
+    )
+    worker = cluster.worker("w1")
+    for i in range(5):
+        send("tests.policies.store_down", i)
+    wait_for(lambda: "the store is unreachable" in worker.log(), timeout=20, what="the log")
+    stats = wait_for(
+        lambda: cluster.app.control.inspect(timeout=2).stats(), timeout=20, what="stats"
+    )
+    assert stats[worker.hostname]["extras_policies"]["waiting"] == 5
+    worker.stop()
+    assert len(journal) == 0
+    with cluster.app.connection_for_read() as conn:
+        queued = conn.default_channel.queue_declare(cluster.ns, passive=True).message_count
+    assert queued == 5  # handed back to the broker on shutdown, none lost
+    assert worker.log().count("the store is unreachable") == 1
+
+
+def test_limit_changed_at_run_time_applies_now_and_to_later_workers(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    bad = _cli(cluster, "extras", "limit", "tests.policies.tunable", "fast")
+    assert bad.returncode != 0 and "rate 'fast'" in bad.stderr
+    good = _cli(cluster, "extras", "limit", "tests.policies.tunable", "20/s")
+    assert good.returncode == 0, good.stderr
+    assert "tests.policies.tunable: 20/s stored" in good.stdout
+
+    worker = cluster.worker("w1")  # started after the change: reads it from the store
+    results = [send("tests.policies.tunable", i) for i in range(21)]
+    assert sorted(r.get(timeout=30) for r in results) == list(range(21))
+    times = starts(journal, "tests.policies.tunable")
+    assert 17 <= steady_rate(times, burst=1) <= 21  # 20/s, not the decorated 1/s
+
+    replies = set_limit(cluster.app, "tests.policies.tunable", "2/s", timeout=2)
+    assert replies == [{worker.hostname: {"ok": "tests.policies.tunable: 2/s (burst 1, worker)"}}]
+    journal.clear()
+    results = [send("tests.policies.tunable", i) for i in range(5)]
+    assert sorted(r.get(timeout=30) for r in results) == list(range(5))
+    times = starts(journal, "tests.policies.tunable")
+    assert times[-1] - times[0] >= 4 / 2 - 0.05
+    info = cluster.app.control.inspect(timeout=2).stats()[worker.hostname]["extras_policies"]
+    assert info["limits"]["tests.policies.tunable"]["override"] == "2/s"
+
+    unknown = set_limit(cluster.app, "tests.noop", "2/s", timeout=2)
+    assert unknown == [
+        {worker.hostname: {"error": "task 'tests.noop' has no limit() on this worker"}}
+    ]
+
+
+def _cli(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
+    from tests.support import proj
+
+    env = proj.worker_env(cluster.broker, cluster.ns, cluster.conf, cluster.include)
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.support.proj", *argv],
+        cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
