@@ -281,6 +281,9 @@ def test_flower_exporter_and_top_show_the_figures_and_survive_bad_events(
                 return None
             stats = json.loads(body).get(worker.hostname, {}).get("stats", {})
             extras: dict[str, Any] | None = stats.get("extras")
+            # Flower may answer from its cache of an earlier inspect: wait for a fresh one
+            if extras is None or "tests.stats.succeeds" not in extras.get("tasks", {}):
+                return None
             return extras
 
         extras = wait_for(flower_workers, timeout=60, interval=1, what="flower /api/workers")
