@@ -5,4 +5,8 @@ workers, checks the outcome (raising ``AssertionError`` with a clear message if
 it is wrong) and returns summary lines.
 """
 
-DEMO_MODULES: tuple[str, ...] = ("example_project.demos.basics", "example_project.demos.stats")
+DEMO_MODULES: tuple[str, ...] = (
+    "example_project.demos.basics",
+    "example_project.demos.stats",
+    "example_project.demos.policies",
+)
