@@ -73,7 +73,7 @@ def test_bad_retry_policy_names_task_and_argument(kwargs: dict[str, Any], messag
 
 
 def test_not_a_task_is_refused() -> None:
-    with pytest.raises(TypeError, match="put limit\\(\\)/retry_policy\\(\\) above @app.task"):
+    with pytest.raises(TypeError, match=r"put limit\(\)/retry_policy\(\) above @app.task"):
         limit("1/s")(lambda: None)
 
 
