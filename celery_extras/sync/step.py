@@ -1,0 +1,84 @@
+"""Bootsteps: one sync per worker, replacing Celery's Mingle.
+
+:class:`NoMingle` (worker step) turns Mingle off before the consumer is built,
+so the worker syncs once, through :class:`SyncStep` (consumer step): it loads
+the durable store before the worker consumes a message, then leaves the
+neighbours' hello and the periodic anti-entropy to the
+:class:`~.syncer.Syncer`'s thread, so readiness waits for no reply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import bootsteps
+from celery.worker import state as worker_state
+
+from .control import SYNCER_ATTR
+from .state import WorkerRevokes
+from .syncer import Syncer
+
+__all__ = ["NoMingle", "SyncStep"]
+
+#: How often (seconds) the consumer merges what the sync thread queued.
+DRAIN_INTERVAL = 0.1
+
+
+def _settings(app: Any) -> dict[str, Any]:
+    from ..install import settings_of  # install imports this module
+
+    return settings_of(app)
+
+
+class NoMingle(bootsteps.Step):
+    """Worker step: disable Celery's Mingle when celery-extras sync is on (one sync, not two)."""
+
+    label = "extras-no-mingle"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        if _settings(parent.app)["sync_enabled"]:
+            parent.options["without_mingle"] = True
+
+
+class SyncStep(bootsteps.StartStopStep):
+    """Consumer step keeping the worker's revoked set and clock in sync (see the module doc)."""
+
+    label = "extras-sync"
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        settings = _settings(c.app)
+        self.enabled = settings["sync_enabled"]
+        self.timers: list[Any] = []
+        if not self.enabled:
+            return
+        revokes = WorkerRevokes(
+            worker_state.revoked, worker_state.revoked_stamps, settings["revoke_expires"]
+        )
+        setattr(c, SYNCER_ATTR, Syncer(c.app, c.hostname, revokes, settings))
+
+    def start(self, c: Any) -> None:
+        syncer: Syncer = getattr(c, SYNCER_ATTR)
+        syncer.load()
+        self.timers = [
+            c.timer.call_repeatedly(DRAIN_INTERVAL, syncer.drain),
+            c.timer.call_repeatedly(syncer.interval, syncer.collect),
+        ]
+        syncer.start()
+
+    def stop(self, c: Any) -> None:
+        for timer in self.timers:
+            timer.cancel()
+        self.timers = []
+        syncer: Syncer | None = getattr(c, SYNCER_ATTR, None)
+        if syncer is not None:
+            syncer.stop()
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
+
+    def info(self, c: Any) -> dict[str, Any]:
+        syncer: Syncer | None = getattr(c, SYNCER_ATTR, None)
+        return {"extras_sync": syncer.info() if syncer is not None else {"enabled": False}}

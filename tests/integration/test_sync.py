@@ -1,0 +1,246 @@
+"""Durable, synced revokes on real workers (Redis, and RabbitMQ with the Redis store).
+
+Each test shows one promise of the sync capability with tasks that must not
+run: the journal lists what ran, the result backend what was discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from celery_extras.store import redis_client, store_key
+from celery_extras.sync import RevokeStore, record_revokes
+from celery_extras.sync.syncer import HELLO
+from tests.integration.conftest import Cluster
+from tests.support.journal import Journal
+from tests.support.workers import WorkerProcess, wait_for
+
+INTERVAL = 1.0
+
+
+def revoked_on(cluster: Cluster, worker: WorkerProcess, limit: int = 1000) -> dict[str, Any]:
+    """The ``extras_revoked`` reply of one worker (its ids, stamps and sync state)."""
+    replies = cluster.app.control.broadcast(
+        "extras_revoked", arguments={"limit": limit}, destination=[worker.hostname],
+        reply=True, timeout=2.0,
+    )  # fmt: skip
+    for reply in replies or []:
+        if worker.hostname in reply:
+            answer: dict[str, Any] = reply[worker.hostname]
+            return answer
+    return {}
+
+
+def holds(cluster: Cluster, worker: WorkerProcess, task_id: str) -> bool:
+    return task_id in revoked_on(cluster, worker).get("ids", [])
+
+
+def store_of(cluster: Cluster) -> RevokeStore:
+    return RevokeStore(redis_client(cluster.app), store_key(cluster.app), 50000)
+
+
+def in_store(cluster: Cluster, task_id: str) -> bool:
+    return store_of(cluster).client.zscore(store_of(cluster).keys[0], task_id) is not None
+
+
+def tags(journal: Journal) -> list[Any]:
+    return sorted(str(e["tag"]) for e in journal.entries())
+
+
+def wait_revoked(cluster: Cluster, *task_ids: str) -> None:
+    """Until the worker has discarded each task (it marks them REVOKED in the backend)."""
+    for task_id in task_ids:
+        result = cluster.app.AsyncResult(task_id)
+        wait_for(lambda r=result: r.state == "REVOKED", timeout=60, what=f"{task_id} REVOKED")
+
+
+def test_revokes_sent_while_no_worker_runs_are_honoured(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    app = cluster.configure(extras_sync_interval=INTERVAL)
+    by_id, by_stamp = f"rid-{uuid.uuid4()}", f"batch-{uuid.uuid4().hex[:8]}"
+    app.control.revoke(by_id)
+    app.AsyncResult(f"rid2-{by_id}").revoke()
+    app.control.revoke_by_stamped_headers({"batch": [by_stamp]})
+    # malformed store contents must be dropped and logged, not crash the worker
+    store = store_of(cluster)
+    store.client.zadd(store.keys[0], {"x" * 300: time.time() + 600})
+    store.client.zadd(store.keys[1], {"not json": time.time() + 600})
+
+    send("tests.noop", "revoked-by-id", task_id=by_id)
+    send("tests.noop", "revoked-by-id-2", task_id=f"rid2-{by_id}")
+    stamped = send("tests.noop", "revoked-by-stamp", stamped_headers=["batch"], batch=by_stamp)
+    send("tests.noop", "other-stamp", stamped_headers=["batch"], batch="another")
+    kept = send("tests.noop", "kept")
+
+    worker = cluster.worker("w1")
+    assert kept.get(timeout=60) == "kept"
+    wait_revoked(cluster, by_id, f"rid2-{by_id}", stamped.id)
+    wait_for(lambda: "other-stamp" in tags(journal), what="the other stamp to run")
+    assert tags(journal) == ["kept", "other-stamp"]
+    log = worker.log()
+    assert f"Discarding revoked task: tests.noop[{by_id}]" in log
+    assert "dropped 2 malformed revoke entries from store" in log
+    assert "mingle: searching for neighbors" not in log
+
+
+def test_plain_celery_runs_a_task_revoked_while_no_worker_ran(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """The same scenario without celery-extras: the revoke is lost (why the capability exists)."""
+    app = cluster.configure(plain=True)
+    task_id = f"rid-{uuid.uuid4()}"
+    app.control.revoke(task_id)
+    result = send("tests.noop", "revoked-but-ran", task_id=task_id)
+    cluster.worker("plain")
+    assert result.get(timeout=60) == "revoked-but-ran"
+
+
+def test_sigkilled_worker_restarted_honours_every_earlier_revoke(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    app = cluster.configure(extras_sync_interval=INTERVAL)
+    worker = cluster.worker("w1")
+    ids = [f"k{i}-{uuid.uuid4()}" for i in range(5)]
+    app.control.revoke(ids[:3])
+    app.control.revoke_by_stamped_headers({"tenant": "t-killed"})
+    # a revoke from a client without celery-extras: only broadcast, never stored by the
+    # client; the worker that received it writes it to the store itself.
+    app.control.broadcast("revoke", arguments={"task_id": ids[3:]})
+    wait_for(lambda: all(in_store(cluster, i) for i in ids), timeout=30,
+             what="the broadcast-only revokes to reach the store")  # fmt: skip
+    worker.kill()
+
+    for i, task_id in enumerate(ids):
+        send("tests.noop", f"revoked-{i}", task_id=task_id)
+    stamped = send("tests.noop", "revoked-stamp", stamped_headers=["tenant"], tenant="t-killed")
+    kept = send("tests.noop", "kept")
+    cluster.worker("w1")
+    assert kept.get(timeout=60) == "kept"
+    wait_revoked(cluster, *ids, stamped.id)
+    assert tags(journal) == ["kept"]
+
+
+def test_worker_that_missed_a_broadcast_converges_without_restart(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    ns = cluster.ns
+    # control_queue_ttl: on RabbitMQ a broadcast waits at most 1 s in a worker's pidbox
+    app = cluster.configure(extras_sync_interval=INTERVAL, control_queue_ttl=1.0)
+    w1 = cluster.worker("w1")
+    w2 = cluster.worker("w2", queues=(f"{ns}.w2",))
+
+    # 1. a revoke written only to the store (the broadcast "lost" for everyone)
+    only_stored = f"stored-{uuid.uuid4()}"
+    record_revokes(app, [only_stored])
+    wait_for(lambda: holds(cluster, w2, only_stored), timeout=30, what="w2 to pull it")
+
+    # 2. a broadcast-only revoke sent while w2 is stopped (SIGSTOP) beyond the pidbox TTL:
+    # w1 receives it and stores it; w2 catches up from the store once resumed.
+    while_paused = f"paused-{uuid.uuid4()}"
+    w2.pause()
+    try:
+        app.control.broadcast("revoke", arguments={"task_id": while_paused})
+        wait_for(lambda: in_store(cluster, while_paused), timeout=30, what="w1 to store it")
+        resume_at = time.monotonic() + 2.5
+        wait_for(lambda: time.monotonic() > resume_at, what="the pidbox TTL to pass")
+    finally:
+        w2.resume()
+    wait_for(lambda: holds(cluster, w2, while_paused), timeout=30, what="w2 to converge")
+    assert w2.ready_count() == 1 and w1.ready_count() == 1  # no restart
+
+    for task_id in (only_stored, while_paused):
+        send("tests.noop", task_id, task_id=task_id, queue=f"{ns}.w2")
+    assert send("tests.noop", "kept", queue=f"{ns}.w2").get(timeout=60) == "kept"
+    wait_revoked(cluster, only_stored, while_paused)
+    assert tags(journal) == ["kept"]
+
+
+def clock_of(cluster: Cluster, worker: WorkerProcess) -> int:
+    replies = cluster.app.control.inspect(destination=[worker.hostname], timeout=2).clock()
+    value: int = (replies or {})[worker.hostname]["clock"]
+    return value
+
+
+def test_new_worker_clock_exceeds_every_clock_it_heard_of(cluster: Cluster) -> None:
+    # a long interval: w1 does not write its clock to the store in between, so w2 can
+    # only learn it from w1's reply to its hello
+    app = cluster.configure(extras_sync_interval=60.0)
+    w1 = cluster.worker("w1")
+    app.control.broadcast(HELLO, arguments={"from_node": "test", "clock": 9000},
+                          destination=[w1.hostname], reply=True, timeout=2)  # fmt: skip
+    w1_clock = clock_of(cluster, w1)
+    store_clock = store_of(cluster).counts()["clock"]
+    assert w1_clock > 9000 > store_clock
+
+    w2 = cluster.worker("w2")
+    wait_for(lambda: w1.hostname in revoked_on(cluster, w2).get("sync", {}).get("neighbours", []),
+             timeout=30, what="w2 to hear w1's hello reply")  # fmt: skip
+    assert clock_of(cluster, w2) > w1_clock
+
+    # the store's clock: written by a client whose clock is far ahead
+    app.clock.value = 20000
+    record_revokes(app, [f"clock-{uuid.uuid4()}"])
+    assert store_of(cluster).counts()["clock"] == 20001
+    w3 = cluster.worker("w3")
+    assert clock_of(cluster, w3) > 20001
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def private_redis(port: int, workdir: Path) -> Iterator[redis.Redis[str]]:
+    """A redis-server of this test only, on *port*; stopped on exit."""
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis(port=port, decode_responses=True)
+    try:
+        wait_for(lambda: _pings(client), timeout=20, what="private redis-server")
+        yield client
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _pings(client: redis.Redis[str]) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_store_down_at_start_worker_starts_and_catches_up(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal, tmp_path: Path
+) -> None:
+    port = _free_port()
+    app = cluster.configure(
+        extras_sync_interval=INTERVAL, extras_redis_url=f"redis://127.0.0.1:{port}/0"
+    )
+    worker = cluster.worker("w1")  # nothing listens on the store's port yet
+    assert "the revoke store is unreachable" in worker.log()
+    with private_redis(port, tmp_path):
+        task_id = f"late-{uuid.uuid4()}"
+        record_revokes(app, [task_id])  # written to the store only, never broadcast
+        wait_for(lambda: holds(cluster, worker, task_id), timeout=30, what="catch-up")
+        send("tests.noop", "revoked", task_id=task_id)
+        assert send("tests.noop", "kept").get(timeout=60) == "kept"
+        wait_revoked(cluster, task_id)
+        assert tags(journal) == ["kept"]
+        assert "the revoke store is reachable again" in worker.log()
