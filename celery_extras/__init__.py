@@ -23,11 +23,13 @@ from .policies import (
 )
 from .settings import Setting
 from .stats import Histogram, TimeWheel
+from .sync import DurableRevokes, RevokeStore, cluster_revoked, record_revokes
 
 __all__ = [
     "CAPABILITIES",
     "BucketPolicy",
     "Capability",
+    "DurableRevokes",
     "ExponentialBackoff",
     "FastSlow",
     "Histogram",
@@ -35,11 +37,14 @@ __all__ = [
     "MaxOf",
     "PolicyError",
     "RetryPolicy",
+    "RevokeStore",
     "Setting",
     "TimeWheel",
     "WithMaxWait",
+    "cluster_revoked",
     "install",
     "limit",
+    "record_revokes",
     "retry_policy",
     "settings_of",
 ]

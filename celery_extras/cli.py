@@ -8,6 +8,7 @@ capability's module, and print.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import click
@@ -93,3 +94,44 @@ def exporter_command(ctx: click.Context, port: int, address: str) -> None:
         ) from exc
     click.echo(f"celery-extras exporter: http://{address}:{port}/metrics", err=True)
     serve(app_of(ctx), port, address)
+
+
+@extras.command(cls=CeleryCommand, name="revoked")
+@click.option("--limit", type=int, default=20, show_default=True, help="Ids listed per holder.")
+@click.option("--timeout", type=float, default=1.0, show_default=True, help="Seconds to wait "
+              "for the workers' replies.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def revoked_command(ctx: click.Context, limit: int, timeout: float, as_json: bool) -> None:
+    """List the revokes the cluster holds: the durable store, then each worker."""
+    from .sync.control import cluster_revoked
+
+    if not 0 <= limit <= 10000:
+        raise click.BadParameter(f"{limit}: expected 0 to 10000", param_hint="--limit")
+    listing = cluster_revoked(app_of(ctx), limit=limit, timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(listing, sort_keys=True, default=str))
+        return
+    store = listing["store"]
+    if "error" in store:
+        click.echo(f"store: ERROR {store['error']}")
+    else:
+        click.echo(f"store: {store['ids']} ids, {store['stamps']} stamps "
+                   f"(changes {store['seq']}, clock {store['clock']})")  # fmt: skip
+        for task_id, expires_at in store["newest_ids"].items():
+            click.echo(f"  {task_id}  (expires in {expires_at - time.time():.0f} s)")
+        for header, value, expires_at in store["newest_stamps"]:
+            click.echo(f"  {header}={value}  (expires in {expires_at - time.time():.0f} s)")
+    for worker, reply in sorted(listing["workers"].items()):
+        if not isinstance(reply, dict) or "error" in reply:
+            click.echo(
+                f"{worker}: ERROR {reply.get('error') if isinstance(reply, dict) else reply}"
+            )
+            continue
+        sync = reply.get("sync", {})
+        click.echo(f"{worker}: {sync.get('revoked')} ids, {sync.get('stamps')} stamps, "
+                   f"clock {sync.get('clock')}, store {sync.get('store')}")  # fmt: skip
+        for task_id in reply.get("ids", []):
+            click.echo(f"  {task_id}")
+        for header, value in reply.get("stamps", []):
+            click.echo(f"  {header}={value}")

@@ -216,8 +216,8 @@ class RevokeStore:
         stamps = self.client.zrevrange(self.keys[1], 0, limit - 1, withscores=True)
         parsed = [(parse_stamp_member(m), e) for m, e in stamps]
         return {
-            "ids": dict(ids),
-            "stamps": [[s[0], s[1], e] for s, e in parsed if s is not None],
+            "newest_ids": dict(ids),
+            "newest_stamps": [[s[0], s[1], e] for s, e in parsed if s is not None],
         }
 
 

@@ -81,13 +81,17 @@ class Syncer:
         if self.store is None:
             logger.warning("celery-extras sync: no durable revokes: %s", self.store_error)
             return
+        self.drain()  # merges a restarted consumer's thread left queued
         started = time.monotonic()
+        cursor = self.cursor  # set when the consumer restarts (e.g. after a lost connection)
         try:
-            snapshot = self.store.pull(-1, clock=self.app.clock.value)
+            snapshot = self.store.pull(-1 if cursor is None else cursor.seq, self.app.clock.value)
+            if cursor is not None and plan_pull(cursor, snapshot.version) is Pull.EVERYTHING:
+                snapshot = self.store.pull(-1, clock=self.app.clock.value)
         except redis.RedisError as exc:
             self._store_failed(exc, starting=True)
             return
-        self._apply(snapshot, full=True)
+        self._apply(snapshot)
         self.stats["loaded"] = len(snapshot.ids.kept) + len(snapshot.stamps.kept)
         self.stats["load_seconds"] = round(time.monotonic() - started, 4)
         logger.info(
@@ -127,7 +131,7 @@ class Syncer:
             self.thread.join(timeout=self.hello_timeout + 3.0)
         self.thread = None
 
-    def _apply(self, snapshot: Snapshot, full: bool) -> None:
+    def _apply(self, snapshot: Snapshot) -> None:
         self.app.clock.adjust(snapshot.clock)
         self.revokes.merge_ids(snapshot.ids.kept, stored=True)
         self.revokes.merge_stamps(snapshot.stamps.kept, stored=True)
@@ -174,7 +178,7 @@ class Syncer:
                 snapshot = self.store.pull(after, clock=self.app.clock.value)
                 self.stats["pulls"] += 1
                 self.stats["pulled"] += len(snapshot.ids.kept) + len(snapshot.stamps.kept)
-                self.inbox.put(lambda: self._apply(snapshot, full=plan is Pull.EVERYTHING))
+                self.inbox.put(lambda: self._apply(snapshot))
         except redis.RedisError as exc:
             self._store_failed(exc, starting=False)
             return

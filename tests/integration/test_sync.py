@@ -7,8 +7,11 @@ run: the journal lists what ran, the result backend what was discarded.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,8 +24,9 @@ from celery_extras.store import redis_client, store_key
 from celery_extras.sync import RevokeStore, record_revokes
 from celery_extras.sync.syncer import HELLO
 from tests.integration.conftest import Cluster
+from tests.support import proj
 from tests.support.journal import Journal
-from tests.support.workers import WorkerProcess, wait_for
+from tests.support.workers import ROOT, WorkerProcess, wait_for
 
 INTERVAL = 1.0
 
@@ -163,6 +167,27 @@ def test_worker_that_missed_a_broadcast_converges_without_restart(
     assert send("tests.noop", "kept", queue=f"{ns}.w2").get(timeout=60) == "kept"
     wait_revoked(cluster, only_stored, while_paused)
     assert tags(journal) == ["kept"]
+
+    # `celery extras revoked` lists both, in the store and on each worker
+    listing = json.loads(cli(cluster, "extras", "revoked", "--json", "--limit", "50").stdout)
+    assert set(listing["store"]["newest_ids"]) == {only_stored, while_paused}
+    assert listing["store"]["ids"] == 2
+    for worker in (w1, w2):
+        held = listing["workers"][worker.hostname]
+        assert {only_stored, while_paused} <= set(held["ids"])
+        assert held["sync"]["store"] == "ok"
+    text = cli(cluster, "extras", "revoked").stdout
+    assert "store: 2 ids, 0 stamps" in text and f"{w2.hostname}: " in text
+
+
+def cli(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = proj.worker_env(cluster.broker, cluster.ns, cluster.conf, cluster.include)
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.support.proj", *argv],
+        cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done
 
 
 def clock_of(cluster: Cluster, worker: WorkerProcess) -> int:
