@@ -129,6 +129,8 @@ class Enforcer:
 
     def set_limit(self, name: str, rate: object, burst: object = None) -> str:
         """Apply a new rate for *name* on this worker; :class:`ValueError` naming the culprit."""
+        if not isinstance(name, str):
+            raise ValueError(f"task_name {name!r}: expected a task name (a string)")
         spec = self.specs.get(name)
         if spec is None:
             raise ValueError(f"task {name!r} has no limit() on this worker")

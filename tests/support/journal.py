@@ -32,7 +32,16 @@ class Journal:
             "retries": task.request.retries,
             **fields,
         }
-        self.client.rpush(self.key, json.dumps(entry))
+        payload = json.dumps(entry)
+        deadline = time.monotonic() + 60  # rides out a Redis restart in the reliability tests
+        while True:
+            try:
+                self.client.rpush(self.key, payload)
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def entries(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.client.lrange(self.key, 0, -1)]

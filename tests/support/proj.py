@@ -42,17 +42,18 @@ def make_app(
         task_default_routing_key=ns,
         control_exchange=f"{ns}.ctl",
         event_exchange=f"{ns}.ev",
-        broker_transport_options={
+        broker_transport_options={  # conf's broker_transport_options are merged in
             "unacked_key": f"{ns}.unacked",
             "unacked_index_key": f"{ns}.unacked_index",
             "unacked_mutex_key": f"{ns}.unacked_mutex",
+            **(conf or {}).get("broker_transport_options", {}),
         },
         broker_connection_retry_on_startup=True,
         result_expires=600,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
     )
-    app.conf.update(conf or {})
+    app.conf.update({k: v for k, v in (conf or {}).items() if k != "broker_transport_options"})
     if not plain:
         app.conf.setdefault("extras_key_prefix", ns)
         celery_extras.install(app)
