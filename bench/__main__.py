@@ -14,7 +14,8 @@ from pathlib import Path
 
 from .table import Row, markdown, render
 
-BENCHES: tuple[str, ...] = ("stats", "policies")  # module names under bench/, in table order
+# module names under bench/, in table order
+BENCHES: tuple[str, ...] = ("stats", "policies", "sync")
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 INTRO = """# Benchmarks

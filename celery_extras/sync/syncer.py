@@ -61,7 +61,7 @@ class Syncer:
         self.pending_stamps: dict[Stamp, float] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.thread: threading.Thread | None = None
+        self.threads: list[threading.Thread] = []
         self.stats: dict[str, Any] = {
             "loaded": 0,
             "load_seconds": None,
@@ -120,16 +120,21 @@ class Syncer:
                 self.pending_stamps.update(stamps)
 
     def start(self) -> None:
-        """Start the background thread (hello, then periodic anti-entropy)."""
+        """Start the background threads: the hello, and the periodic anti-entropy."""
         self.stopping.clear()
-        self.thread = threading.Thread(target=self._run, name="extras-sync", daemon=True)
-        self.thread.start()
+        self.threads = [
+            threading.Thread(target=self.hello, name="extras-sync-hello", daemon=True),
+            threading.Thread(target=self._run, name="extras-sync", daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
 
     def stop(self) -> None:
         self.stopping.set()
-        if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join(timeout=self.hello_timeout + 3.0)
-        self.thread = None
+        for thread in self.threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=self.hello_timeout + 3.0)
+        self.threads = []
 
     def _apply(self, snapshot: Snapshot) -> None:
         self.app.clock.adjust(snapshot.clock)
@@ -151,7 +156,6 @@ class Syncer:
     # -- background thread -------------------------------------------------
 
     def _run(self) -> None:
-        self.hello()
         while not self.stopping.wait(self.interval):
             self.cycle()
 

@@ -9,4 +9,5 @@ DEMO_MODULES: tuple[str, ...] = (
     "example_project.demos.basics",
     "example_project.demos.stats",
     "example_project.demos.policies",
+    "example_project.demos.sync",
 )
