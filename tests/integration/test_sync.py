@@ -35,7 +35,7 @@ def revoked_on(cluster: Cluster, worker: WorkerProcess, limit: int = 1000) -> di
     """The ``extras_revoked`` reply of one worker (its ids, stamps and sync state)."""
     replies = cluster.app.control.broadcast(
         "extras_revoked", arguments={"limit": limit}, destination=[worker.hostname],
-        reply=True, timeout=2.0,
+        reply=True, timeout=2.0, limit=1,
     )  # fmt: skip
     for reply in replies or []:
         if worker.hostname in reply:
