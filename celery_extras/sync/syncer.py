@@ -224,6 +224,9 @@ class Syncer:
         if not isinstance(reply, dict):
             logger.warning("celery-extras sync: dropped a malformed hello reply from %.80r", node)
             return
+        if "error" in reply:  # e.g. a neighbour without celery-extras: no such command
+            logger.debug("celery-extras sync: %s cannot sync: %.200r", node, reply["error"])
+            return
         clock = reply.get("clock")
         if valid_clock(clock):
             self.app.clock.adjust(clock)

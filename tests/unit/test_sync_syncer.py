@@ -1,0 +1,141 @@
+"""The sync loop with a fake store: pushes, version comparison, pulls, outages, replies."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.utils.collections import LimitedSet
+
+from celery_extras.sync.digest import Version
+from celery_extras.sync.entries import Parsed
+from celery_extras.sync.revoke_store import Snapshot
+from celery_extras.sync.state import WorkerRevokes
+from celery_extras.sync.syncer import Syncer
+
+SETTINGS = {
+    "sync_interval": 1.0,
+    "sync_reply_max": 3,
+    "sync_hello_timeout": 0.1,
+    "revoke_max": 100,
+    "revoke_expires": 100.0,
+}
+
+
+class FakeStore:
+    """Records calls; serves a version and snapshots set by the test; can be 'down'."""
+
+    def __init__(self) -> None:
+        self.version = Version("e", 0)
+        self.clock = 0
+        self.ids: dict[str, float] = {}
+        self.added: list[dict[str, float]] = []
+        self.pulls: list[int] = []
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise redis.ConnectionError("store down")
+
+    def add(self, ids: Any, stamps: Any, clock: int = 0) -> int:
+        self._check()
+        self.added.append(dict(ids))
+        return len(ids)
+
+    def probe(self, clock: int = 0) -> tuple[Version, int]:
+        self._check()
+        return self.version, self.clock
+
+    def pull(self, after: int = -1, clock: int = 0) -> Snapshot:
+        self._check()
+        self.pulls.append(after)
+        return Snapshot(self.version, self.clock, Parsed(dict(self.ids)), Parsed())
+
+
+@pytest.fixture
+def syncer() -> Syncer:
+    app = Celery("t", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    revokes = WorkerRevokes(LimitedSet(maxlen=1000, expires=100.0), {}, 100.0)
+    sync = Syncer(app, "me@host", revokes, SETTINGS)
+    sync.store = FakeStore()  # type: ignore[assignment]
+    return sync
+
+
+def store_of(syncer: Syncer) -> FakeStore:
+    assert isinstance(syncer.store, FakeStore)
+    return syncer.store
+
+
+def test_cycle_pulls_only_when_the_version_moved_and_only_the_changes(syncer: Syncer) -> None:
+    store = store_of(syncer)
+    store.ids = {"a": time.time() + 50}
+    store.version, store.clock = Version("e", 1), 500
+    syncer.load()
+    assert store.pulls == [-1] and "a" in syncer.revokes.revoked
+    assert syncer.app.clock.value == 501  # max + 1
+
+    syncer.cycle()
+    assert store.pulls == [-1]  # same version: nothing read
+    store.version, store.ids = Version("e", 4), {"b": time.time() + 50}
+    syncer.cycle()
+    assert store.pulls == [-1, 1]  # only what changed after seq 1
+    syncer.drain()
+    assert "b" in syncer.revokes.revoked
+    store.version = Version("other", 2)
+    syncer.cycle()
+    assert store.pulls == [-1, 1, -1]  # a new epoch: everything
+
+
+def test_revokes_learnt_from_a_broadcast_are_pushed_once(syncer: Syncer) -> None:
+    store = store_of(syncer)
+    syncer.load()
+    syncer.revokes.revoked.add("heard")
+    syncer.collect()
+    syncer.cycle()
+    syncer.collect()
+    syncer.cycle()
+    assert [list(ids) for ids in store.added] == [["heard"]]
+
+
+def test_store_outage_keeps_pending_pushes_and_recovers(
+    syncer: Syncer, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = store_of(syncer)
+    store.down = True
+    with caplog.at_level(logging.WARNING):
+        syncer.load()
+        syncer.revokes.revoked.add("heard")
+        syncer.collect()
+        syncer.cycle()
+        syncer.cycle()
+    assert "unreachable" in caplog.text and syncer.info()["store"] == "down"
+    store.down = False
+    store.ids = {"stored": time.time() + 50}
+    store.version = Version("e", 1)
+    syncer.cycle()
+    syncer.drain()
+    assert [list(ids) for ids in store.added] == [["heard"]]
+    assert "stored" in syncer.revokes.revoked
+    assert "reachable again" in caplog.text and syncer.info()["store"] == "ok"
+
+
+def test_neighbour_replies_are_validated_bounded_and_merged(
+    syncer: Syncer, caplog: pytest.LogCaptureFixture
+) -> None:
+    syncer.on_reply({"n1@host": {"clock": 900, "revoked": ["a", 7, "b", "c", "d"],
+                                 "stamps": [["h", "v"], ["bad"]]}})  # fmt: skip
+    syncer.on_reply({"n2@host": {"clock": "not a clock", "revoked": "not a list"}})
+    syncer.on_reply({"n3@host": "garbage"})
+    syncer.on_reply(["not", "a", "dict"])
+    syncer.on_reply({"me@host": {"clock": 10**9}})  # our own reply is ignored
+    with caplog.at_level(logging.WARNING):
+        syncer.drain()
+    assert syncer.app.clock.value == 901
+    assert set(syncer.revokes.revoked) == {"a", "b"}  # 3 entries at most, 7 dropped
+    assert syncer.revokes.revoked_stamps == {"h": ["v"]}
+    assert syncer.stats["neighbours"] == ["n1@host", "n2@host"]
+    assert "dropped 4 malformed revoke entries from neighbour n1@host" in caplog.text
