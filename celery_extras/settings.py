@@ -25,6 +25,7 @@ __all__ = [
     "number",
     "optional",
     "redis_url",
+    "reject",
     "text",
     "validate",
 ]
@@ -49,7 +50,8 @@ class Setting:
         return PREFIX + self.name
 
 
-def _reject(key: str, expected: str, value: object) -> ImproperlyConfigured:
+def reject(key: str, expected: str, value: object) -> ImproperlyConfigured:
+    """The error for *value* of setting *key*, saying what was *expected*."""
     return ImproperlyConfigured(
         f"{key}: expected {expected}, got {value!r} ({type(value).__name__})"
     )
@@ -68,13 +70,13 @@ def number(
 
     def check(key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
-            raise _reject(key, expected, value)
+            raise reject(key, expected, value)
         if (
             not math.isfinite(value)
             or (minimum is not None and value < minimum)
             or (above is not None and value <= above)
         ):
-            raise _reject(key, expected, value)
+            raise reject(key, expected, value)
         return value if integer else float(value)
 
     return check
@@ -82,13 +84,13 @@ def number(
 
 def boolean(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise _reject(key, "True or False", value)
+        raise reject(key, "True or False", value)
     return value
 
 
 def text(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise _reject(key, "a non-empty string", value)
+        raise reject(key, "a non-empty string", value)
     return value
 
 
@@ -98,7 +100,7 @@ def choice(*choices: str) -> Check:
 
     def check(key: str, value: Any) -> str:
         if value not in choices:
-            raise _reject(key, expected, value)
+            raise reject(key, expected, value)
         return str(value)
 
     return check
@@ -115,7 +117,7 @@ def optional(check: Check) -> Check:
 
 def redis_url(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
-        raise _reject(key, "a redis://, rediss:// or unix:// URL", value)
+        raise reject(key, "a redis://, rediss:// or unix:// URL", value)
     return value
 
 

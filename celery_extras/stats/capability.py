@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..capability import Capability
-from ..settings import Setting, _reject, boolean, number
+from ..settings import Setting, boolean, number, reject
 from .emitter import StatsEmitter
 from .recording import StatsRecording
 from .timewheel import minute_wheel
@@ -20,14 +20,14 @@ def windows(key: str, value: Any) -> list[int]:
         "minutes <= 3600"
     )
     if not isinstance(value, list | tuple) or not value:
-        raise _reject(key, expected, value)
+        raise reject(key, expected, value)
     for window in value:
         if isinstance(window, bool) or not isinstance(window, int):
-            raise _reject(key, expected, value)
+            raise reject(key, expected, value)
     try:
         minute_wheel(1).check_windows(value)
     except ValueError as exc:
-        raise _reject(key, f"{expected} ({exc})", value) from None
+        raise reject(key, f"{expected} ({exc})", value) from None
     return sorted(value)
 
 

@@ -1,0 +1,152 @@
+"""A task consumer that gives each queue its own window and hands messages on in weighted order.
+
+It stands in for the worker's ``c.task_consumer`` (a single kombu consumer over
+every queue): one kombu consumer per queue, each on its own channel with its own
+prefetch count, so a flood in one queue can fill only that queue's window.
+Delivered messages wait in a small buffer per queue and are passed to the
+worker's task handler (``on_message``, set by Celery's event loop: strategies,
+ETA, rate limits and revokes work as usual) in weighted order, and only while
+``room()`` says the pool can take more, so the pool never queues up a backlog of
+one queue ahead of another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from kombu.entity import Queue
+from kombu.message import Message
+
+from .weighted_cycle import WeightedOrder
+
+__all__ = ["FairTaskConsumer"]
+
+
+class FairTaskConsumer:
+    """The worker's task consumer, one channel and buffer per queue, drained in weighted order.
+
+    Implements what Celery calls on ``c.task_consumer``: ``on_message``,
+    ``consume``, ``cancel``, ``close``, ``qos``, ``add_queue``,
+    ``cancel_by_queue``, ``consuming_from`` and ``queues``.
+    """
+
+    def __init__(
+        self,
+        c: Any,
+        weights: Mapping[str, int],
+        prefetch: int,
+        room: Callable[[], bool],
+    ) -> None:
+        self.c = c
+        self.weights = dict(weights)
+        self.prefetch = prefetch  # unacked messages per queue
+        self.extra = 0  # ETA/held tasks Celery's QoS asked room for, given to every queue
+        self.room = room
+        self.on_message: Callable[[Message], Any] | None = None
+        self.consumers: dict[str, Any] = {}
+        self.buffers: dict[str, deque[Message]] = {}
+        self.dispatched: dict[str, int] = {}
+        self.order: WeightedOrder[str] = WeightedOrder({})
+        for queue in c.app.amqp.queues.consume_from.values():
+            self.add_queue(queue)
+
+    # -- what Celery calls -------------------------------------------------------------------
+
+    @property
+    def queues(self) -> list[Queue]:
+        return [queue for consumer in self.consumers.values() for queue in consumer.queues]
+
+    def consuming_from(self, name: str) -> bool:
+        return name in self.consumers
+
+    def add_queue(self, queue: Queue) -> None:
+        if queue.name in self.consumers:
+            return
+        channel = self.c.connection.channel()
+        consumer = self.c.app.amqp.TaskConsumer(
+            channel,
+            queues=[queue],
+            on_decode_error=self.c.on_decode_error,
+            on_message=partial(self._buffer, queue.name),
+        )
+        self.consumers[queue.name] = consumer
+        self._set_prefetch(consumer)
+        self.buffers.setdefault(queue.name, deque())
+        self.dispatched.setdefault(queue.name, 0)
+        self.order.update({name: self.weights.get(name, 1) for name in self.consumers})
+
+    def cancel_by_queue(self, name: str) -> None:
+        """Stop consuming *name*; its buffered messages go back to the broker with the channel."""
+        consumer = self.consumers.pop(name, None)
+        if consumer is None:
+            return
+        self.buffers.pop(name, None)
+        self.order.update({n: self.weights.get(n, 1) for n in self.consumers})
+        self._quietly(consumer.cancel)
+        self._quietly(consumer.channel.close)
+
+    def consume(self, no_ack: bool | None = None) -> None:
+        for consumer in self.consumers.values():
+            consumer.consume(no_ack=no_ack)
+
+    def cancel(self) -> None:
+        for consumer in self.consumers.values():
+            self._quietly(consumer.cancel)
+
+    def close(self) -> None:
+        """Cancel and close every channel; unacked buffered messages return to the broker."""
+        self.cancel()
+        for consumer in self.consumers.values():
+            self._quietly(consumer.channel.close)
+        self.consumers.clear()
+        for buffer in self.buffers.values():
+            buffer.clear()
+
+    def qos(self, prefetch_count: int = 0, **kwargs: Any) -> None:
+        """Celery's QoS asks for *prefetch_count* in all (it grows while ETA tasks are held):
+        each queue keeps its own window and gets the growth on top."""
+        initial = self.c.initial_prefetch_count or 0
+        self.extra = max(0, prefetch_count - initial) if prefetch_count else 0
+        for consumer in self.consumers.values():
+            self._set_prefetch(consumer)
+
+    # -- buffering and weighted hand-off -----------------------------------------------------
+
+    def _quietly(self, fun: Callable[[], Any]) -> None:
+        """Call *fun*, ignoring the connection's and channel's errors (it may be gone)."""
+        connection = self.c.connection
+        with contextlib.suppress(*connection.connection_errors, *connection.channel_errors):
+            fun()
+
+    def _set_prefetch(self, consumer: Any) -> None:
+        consumer.qos(prefetch_count=self.prefetch + self.extra, apply_global=False)
+
+    def _buffer(self, name: str, message: Message) -> None:
+        buffer = self.buffers.get(name)
+        if buffer is None:  # the queue was cancelled while this was on the wire
+            self._quietly(message.requeue)
+            return
+        buffer.append(message)
+        self.dispatch()
+
+    def _ready(self, name: str) -> bool:
+        return bool(self.buffers.get(name))
+
+    def dispatch(self) -> None:
+        """Hand buffered messages to the worker in weighted order while the pool has room."""
+        if self.on_message is None:
+            return
+        while self.room():
+            name = self.order.pick(self._ready)
+            if name is None:
+                return
+            message = self.buffers[name].popleft()
+            self.dispatched[name] += 1
+            self.on_message(message)
+
+    def buffered(self) -> dict[str, int]:
+        return {name: len(buffer) for name, buffer in self.buffers.items()}
