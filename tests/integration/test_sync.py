@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import amqp.exceptions
+import pytest
 import redis
 
 from celery_extras.store import redis_client, store_key
@@ -271,3 +273,44 @@ def test_store_down_at_start_worker_starts_and_catches_up(
         wait_revoked(cluster, task_id)
         assert tags(journal) == ["kept"]
         assert "the revoke store is reachable again" in worker.log()
+
+
+def _pidbox_exists(cluster: Cluster, worker: WorkerProcess) -> bool:
+    """Whether the worker's pidbox queue exists (it is exclusive: locked while it does)."""
+    queue = f"{worker.hostname}.{cluster.app.conf.control_exchange}.pidbox"
+    with cluster.app.connection_for_write() as conn:
+        try:
+            conn.default_channel.queue_declare(queue=queue, passive=True)
+        except amqp.exceptions.NotFound:
+            return False
+        except amqp.exceptions.ResourceLocked:
+            return True
+    return True
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
+def test_partitioned_worker_converges_after_the_broker_dropped_it(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """A real partition, on RabbitMQ only: a SIGSTOPped worker misses its heartbeats, the
+    broker closes its connection and deletes its pidbox queue, so broadcasts sent then are
+    lost for it. (On Redis the broadcast is pub/sub, buffered for a stopped client.)"""
+    app = cluster.configure(extras_sync_interval=INTERVAL, broker_heartbeat=2)
+    worker = cluster.worker("w1")
+    assert _pidbox_exists(cluster, worker)
+    stored, bare = f"stored-{uuid.uuid4()}", f"bare-{uuid.uuid4()}"
+    worker.pause()
+    try:
+        wait_for(lambda: not _pidbox_exists(cluster, worker), timeout=60, interval=0.5,
+                 what="the broker to drop the stopped worker")  # fmt: skip
+        app.control.revoke(stored)  # stored, and broadcast to nobody
+        app.control.broadcast("revoke", arguments={"task_id": bare})  # lost
+    finally:
+        worker.resume()
+    wait_for(lambda: holds(cluster, worker, stored), timeout=60, what="w1 to converge")
+    assert "Connection to broker lost" in worker.log() and worker.ready_count() == 1
+    assert bare not in worker.log() and stored not in worker.log()  # neither broadcast arrived
+    send("tests.noop", "revoked", task_id=stored)
+    assert send("tests.noop", "kept").get(timeout=60) == "kept"
+    wait_revoked(cluster, stored)
+    assert tags(journal) == ["kept"]
