@@ -8,6 +8,7 @@ Add it to an app with one call::
 """
 
 from .capability import Capability
+from .consumer import FairConsumerMixin, WeightedCycle, WeightedOrder
 from .install import CAPABILITIES, install, settings_of
 from .policies import (
     BucketPolicy,
@@ -31,6 +32,7 @@ __all__ = [
     "Capability",
     "DurableRevokes",
     "ExponentialBackoff",
+    "FairConsumerMixin",
     "FastSlow",
     "Histogram",
     "Jitter",
@@ -40,6 +42,8 @@ __all__ = [
     "RevokeStore",
     "Setting",
     "TimeWheel",
+    "WeightedCycle",
+    "WeightedOrder",
     "WithMaxWait",
     "cluster_revoked",
     "install",

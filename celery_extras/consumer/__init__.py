@@ -1,3 +1,6 @@
-"""Weighted fair consumption across a worker's queues."""
+"""Weighted fair consumption across a worker's queues, and a mixin for plain kombu consumers."""
 
-__all__: list[str] = []
+from .mixin import FairConsumerMixin
+from .weighted_cycle import WeightedCycle, WeightedOrder
+
+__all__ = ["FairConsumerMixin", "WeightedCycle", "WeightedOrder"]
