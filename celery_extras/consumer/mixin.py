@@ -12,7 +12,6 @@ at once).
 from __future__ import annotations
 
 import math
-import socket
 from collections import deque
 from collections.abc import Mapping
 from functools import cached_property, partial
@@ -28,7 +27,7 @@ from .weighted_cycle import WeightedOrder
 __all__ = ["FairConsumerMixin"]
 
 
-class FairConsumerMixin(ConsumerMixin):  # type: ignore[misc]  # kombu ships no types
+class FairConsumerMixin(ConsumerMixin):
     """Subclass, set ``connection``, and implement :meth:`get_weighted_queues` and
     :meth:`on_fair_message` (which must ack or reject each message)."""
 
@@ -94,7 +93,7 @@ class FairConsumerMixin(ConsumerMixin):  # type: ignore[misc]  # kombu ships no 
         while True:
             try:
                 connection.drain_events(timeout=self.fill_wait)
-            except (socket.timeout, TimeoutError, BlockingIOError):
+            except (TimeoutError, BlockingIOError):  # socket.timeout is TimeoutError
                 break
         while not self.should_stop and (name := self._order.pick(self._ready)) is not None:
             body, message = self._buffers[name].popleft()
