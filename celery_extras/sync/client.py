@@ -41,7 +41,10 @@ def _as_list(value: Any) -> list[Any]:
 def _stamps_of(headers: Any) -> list[tuple[object, object]]:
     """``(header, value)`` pairs of Celery's ``headers`` argument (a dict, or ``["k=v", ...]``)."""
     if isinstance(headers, list | tuple):
-        headers = dict(h.split("=", 1) for h in headers if isinstance(h, str) and "=" in h)
+        # as Celery's worker reads them: "k=v" -> {k: v} ("k=v=w" too gives v)
+        headers = {
+            h.split("=")[0]: h.split("=")[1] for h in headers if isinstance(h, str) and "=" in h
+        }
     if not isinstance(headers, dict):
         return []
     return [(h, v) for h, values in headers.items() for v in _as_list(values)]
