@@ -11,15 +11,15 @@ the whole cluster.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import Celery
 from celery.app.control import Control
 from celery.utils.log import get_logger
-from kombu.utils.imports import symbol_by_name
 
 from ..store import StoreUnavailable, redis_client, store_key
 from .entries import Stamp, valid_id, valid_stamp
@@ -135,7 +135,17 @@ def install_client(app: Celery) -> None:
         if not isinstance(current, DurableRevokes):
             current.__class__ = _durable(type(current))
         return
-    app.control_cls = _durable(symbol_by_name(app.control_cls))  # type: ignore[no-untyped-call]
+    app.control_cls = _durable(_resolve(app.control_cls))
+
+
+def _resolve(name: Any) -> type[Any]:
+    """The class named like Celery's ``control_cls`` (``"module:Class"`` or ``"module.Class"``)."""
+    if not isinstance(name, str):
+        return cast(type[Any], name)
+    module, sep, attr = name.partition(":")
+    if not sep:
+        module, _, attr = name.rpartition(".")
+    return cast(type[Any], getattr(importlib.import_module(module), attr))
 
 
 def _durable(base: type[Any]) -> type[Any]:
