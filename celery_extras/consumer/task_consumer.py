@@ -51,6 +51,8 @@ class FairTaskConsumer:
         self.buffers: dict[str, deque[Message]] = {}
         self.dispatched: dict[str, int] = {}
         self.order: WeightedOrder[str] = WeightedOrder({})
+        # kept: c.connection is None by the time a lost connection stops the consumer
+        self.errors = (*c.connection.connection_errors, *c.connection.channel_errors)
         for queue in c.app.amqp.queues.consume_from.values():
             self.add_queue(queue)
 
@@ -118,8 +120,7 @@ class FairTaskConsumer:
 
     def _quietly(self, fun: Callable[[], Any]) -> None:
         """Call *fun*, ignoring the connection's and channel's errors (it may be gone)."""
-        connection = self.c.connection
-        with contextlib.suppress(*connection.connection_errors, *connection.channel_errors):
+        with contextlib.suppress(*self.errors):
             fun()
 
     def _set_prefetch(self, consumer: Any) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
+from pathlib import Path
 
-__all__ = ["BACKEND_URL", "BROKERS", "REDIS_URL", "require_broker"]
+__all__ = ["BACKEND_URL", "BROKERS", "REDIS_URL", "PrivateRedis", "require_broker"]
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 BACKEND_URL = "redis://127.0.0.1:6379/1"
@@ -24,3 +27,47 @@ def require_broker(name: str) -> str:
             f"{name} is not running on 127.0.0.1:{_PORTS[name]} ({exc}); start it as .ci/run does"
         ) from exc
     return BROKERS[name]
+
+
+class PrivateRedis:
+    """A ``redis-server`` of the test's own, persisted with an append-only file, so that a
+    restart keeps its queues: for broker-restart tests that must not disturb the shared one."""
+
+    def __init__(self, workdir: Path) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.workdir = workdir
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> PrivateRedis:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"private redis-server on {self.port} did not start")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM (Redis flushes its append-only file and exits), SIGKILL if it hangs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def restart(self, down_for: float = 1.0) -> None:
+        self.stop()
+        time.sleep(down_for)  # the outage itself, not a wait for a condition
+        self.start()
