@@ -54,7 +54,7 @@ class PrivateRedis:
                 return self
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"private redis-server on {self.port} did not start")
+                    raise RuntimeError(f"private redis-server on {self.port} did not start") from None
                 time.sleep(0.05)
 
     def stop(self) -> None:
