@@ -54,7 +54,8 @@ class PrivateRedis:
                 return self
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"private redis-server on {self.port} did not start") from None
+                    message = f"private redis-server on {self.port} did not start"
+                    raise RuntimeError(message) from None
                 time.sleep(0.05)
 
     def stop(self) -> None:
