@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tests.integration.conftest import Cluster
+from tests.support import flood
 from tests.support.brokers import PrivateRedis
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
@@ -18,17 +17,7 @@ INCLUDE = ("tests.support.tasks_consumer",)
 
 
 def publish(cluster: Cluster, queue: str, n: int, seconds: float = 0.02) -> list[str]:
-    app = cluster.app
-    with app.producer_or_acquire() as producer:
-        return [
-            app.send_task("tests.consumer.work", args=(queue, time.time(), seconds),
-                          queue=f"{cluster.ns}.{queue}", producer=producer).id
-            for _ in range(n)
-        ]  # fmt: skip
-
-
-def runs(journal: Journal) -> list[dict[str, Any]]:
-    return sorted(journal.entries(), key=lambda e: e["t"])
+    return flood.publish(cluster.app, f"{cluster.ns}.{queue}", n, seconds)
 
 
 def test_backlogged_queues_share_the_worker_by_weight(cluster: Cluster, journal: Journal) -> None:
@@ -38,8 +27,8 @@ def test_backlogged_queues_share_the_worker_by_weight(cluster: Cluster, journal:
     publish(cluster, "b", 600)
     worker = cluster.worker("w1", queues=(f"{ns}.a", f"{ns}.b"))
     wait_for(lambda: len(journal) >= 400, timeout=120, interval=0.2, what="400 completions")
-    first = Counter(e["queue"] for e in runs(journal)[:400])
-    ratio = first["a"] / first["b"]
+    first = Counter(e["queue"] for e in flood.runs(journal)[:400])
+    ratio = first[f"{ns}.a"] / first[f"{ns}.b"]
     print(f"\n{cluster.broker.split(':')[0]}: first 400 = {dict(first)}, a:b = {ratio:.2f}")
     assert 2.7 <= ratio <= 3.3, first
 
@@ -49,24 +38,6 @@ def test_backlogged_queues_share_the_worker_by_weight(cluster: Cluster, journal:
     assert all(n <= queues["prefetch_per_queue"] for n in queues["buffered"].values())
 
 
-def trickle_waits(cluster: Cluster, journal: Journal, flood: int, trickle: int) -> list[float]:
-    """Flood queue a, then send *trickle* tasks to b one by one; b's publish-to-start waits."""
-    publish(cluster, "a", flood)
-    wait_for(lambda: len(journal) >= 50, timeout=60, what="the flood to be under way")
-    for _ in range(trickle):
-        publish(cluster, "b", 1)
-        time.sleep(0.05)
-    wait_for(
-        lambda: sum(e["queue"] == "b" for e in journal.entries()) >= trickle,
-        timeout=120, interval=0.2, what="every trickle task",
-    )  # fmt: skip
-    return [e["waited"] for e in journal.entries() if e["queue"] == "b"]
-
-
-def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20, method="inclusive")[-1]
-
-
 def test_trickle_queue_is_served_promptly_under_a_flood(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:
@@ -74,7 +45,7 @@ def test_trickle_queue_is_served_promptly_under_a_flood(
     queues = (f"{ns}.a", f"{ns}.b")
     cluster.configure(include=INCLUDE, plain=True)
     plain = cluster.worker("plain", queues=queues)
-    plain_waits = trickle_waits(cluster, journal, flood=600, trickle=20)
+    plain_waits = flood.trickle_waits(cluster.app, journal, *queues, n_flood=600, n_trickle=20)
     plain.stop()
     cluster.app.control.purge()
     journal.clear()
@@ -83,12 +54,13 @@ def test_trickle_queue_is_served_promptly_under_a_flood(
         include=INCLUDE, plain=False, extras_queue_weights={queues[0]: 1, queues[1]: 10}
     )
     cluster.worker("fair", queues=queues)
-    fair_waits = trickle_waits(cluster, journal, flood=600, trickle=20)
+    fair_waits = flood.trickle_waits(cluster.app, journal, *queues, n_flood=600, n_trickle=20)
 
-    print(f"\n{cluster.broker.split(':')[0]}: trickle p95 wait plain {p95(plain_waits):.3f} s, "
-          f"weighted {p95(fair_waits):.3f} s")  # fmt: skip
-    assert p95(fair_waits) * 3 <= p95(plain_waits)
-    assert p95(fair_waits) <= 0.5  # the 0.15 s target is measured on a quiet machine in bench/
+    plain_p95, fair_p95 = flood.p95(plain_waits), flood.p95(fair_waits)
+    name = cluster.broker.split(":")[0]
+    print(f"\n{name}: trickle p95 wait plain {plain_p95:.3f} s, weighted {fair_p95:.3f} s")
+    assert fair_p95 * 3 <= plain_p95
+    assert fair_p95 <= 0.5  # the 0.15 s target is measured on a quiet machine in bench/
 
 
 def test_broker_restart_mid_run_loses_nothing_and_shares_recover(
@@ -114,10 +86,10 @@ def test_broker_restart_mid_run_loses_nothing_and_shares_recover(
             lambda: {e["id"] for e in journal.entries()} >= ids,
             timeout=120, interval=0.5, what="every task after the broker restart",
         )  # fmt: skip
-        entries = runs(journal)
+        entries = flood.runs(journal)
         after = Counter(e["queue"] for e in entries[before : before + 200])
         print(f"\nafter the restart: next 200 = {dict(after)}")
-        assert 2.5 <= after["a"] / after["b"] <= 3.5, after
+        assert 2.5 <= after[queues[0]] / after[queues[1]] <= 3.5, after
         assert worker.alive()
         # Celery logs the lost connection's tracebacks itself; none may pass through our code.
         assert "celery_extras/" not in worker.log()
