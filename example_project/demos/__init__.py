@@ -10,4 +10,5 @@ DEMO_MODULES: tuple[str, ...] = (
     "example_project.demos.stats",
     "example_project.demos.policies",
     "example_project.demos.sync",
+    "example_project.demos.consumer",
 )
