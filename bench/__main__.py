@@ -15,7 +15,7 @@ from pathlib import Path
 from .table import Row, markdown, render
 
 # module names under bench/, in table order
-BENCHES: tuple[str, ...] = ("stats", "policies", "sync")
+BENCHES: tuple[str, ...] = ("stats", "policies", "sync", "consumer")
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 INTRO = """# Benchmarks

@@ -96,3 +96,30 @@ def test_broker_restart_mid_run_loses_nothing_and_shares_recover(
     finally:
         cluster.stop()
         server.stop()
+
+
+def test_add_and_cancel_consumer_at_run_time(cluster: Cluster, journal: Journal) -> None:
+    ns = cluster.ns
+    a, b = f"{ns}.a", f"{ns}.b"
+    cluster.configure(include=INCLUDE, extras_queue_weights={a: 1, b: 2})
+    worker = cluster.worker("w1", queues=(a,))
+    inspect = cluster.app.control.inspect(destination=[worker.hostname], timeout=3)
+    publish(cluster, "b", 5, seconds=0)
+    publish(cluster, "a", 1, seconds=0)
+    wait_for(lambda: len(journal) >= 1, timeout=30, what="queue a's task")
+    assert [e["queue"] for e in journal.entries()] == [a]  # b is not consumed yet
+
+    cluster.app.control.add_consumer(b, destination=[worker.hostname], reply=True, timeout=5)
+    wait_for(lambda: len(journal) >= 6, timeout=30, what="queue b's tasks after add_consumer")
+    weights = (inspect.stats() or {})[worker.hostname]["extras_queues"]["weights"]
+    assert weights == {a: 1, b: 2}
+
+    cluster.app.control.cancel_consumer(b, destination=[worker.hostname], reply=True, timeout=5)
+    active = {q["name"] for q in (inspect.active_queues() or {})[worker.hostname]}
+    assert active == {a}
+    publish(cluster, "b", 3, seconds=0)
+    publish(cluster, "a", 1, seconds=0)
+    wait_for(lambda: len(journal) >= 7, timeout=30, what="queue a's second task")
+    assert Counter(e["queue"] for e in journal.entries()) == {a: 2, b: 5}
+    with cluster.app.connection_for_write() as conn:
+        assert conn.default_channel.queue_declare(b, passive=True).message_count == 3
