@@ -6,7 +6,7 @@ same worker with ``extras_queue_weights``, one after the other in one run:
 * Shares: 600 backlogged 20 ms tasks in each of queues a and b, weights a:3 b:1;
   the a:b ratio over the first 400 completions (plain Celery: about 1).
 * Trickle: 2,000 backlogged 20 ms tasks in queue a, weights a:1 b:10; once the
-  flood runs, 20 tasks are sent to b 50 ms apart; the p95 of their wait from
+  flood runs, 40 tasks are sent to b 50 ms apart; the p95 of their wait from
   publish to start. Then a burst of 20 to b at once: its p95 cannot be below
   ~0.18 s on 2 processes (the 19th of 20 tasks of 20 ms starts after 9 rounds).
 
@@ -38,6 +38,7 @@ __all__ = ["measure", "plot"]
 
 INCLUDE = ("tests.support.tasks_consumer",)
 TASK = "tests.consumer.work"
+TRICKLE = 40  # p95 of 40 waits: two stray scheduling hiccups do not decide it
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "_static" / "consumer-flood.png"
 
 #: runs kept for the plot: {(scheme, scenario, "plain"|"extras"): journal entries}
@@ -107,10 +108,10 @@ def trickle(broker: str, weighted: bool, logdir: Path) -> tuple[float, float]:
         run.publish("a", 2000)
         run.worker.start()
         wait_for(lambda: len(run.journal) >= 50, timeout=60, what="the flood to be under way")
-        for _ in range(20):
+        for _ in range(TRICKLE):
             run.publish("b", 1, label="trickle")
             time.sleep(0.05)
-        wait_for(lambda: len(run.labelled("trickle")) >= 20, timeout=60, what="the trickle")
+        wait_for(lambda: len(run.labelled("trickle")) >= TRICKLE, timeout=60, what="the trickle")
         run.publish("b", 20, label="burst")
         wait_for(lambda: len(run.labelled("burst")) >= 20, timeout=60, what="the burst")
         RUNS[(broker.split(":")[0], "trickle", "extras" if weighted else "plain")] = (
@@ -134,7 +135,7 @@ def measure() -> list[Row]:
                     plain_ratio, extras_ratio, "3 +- 0.3", abs(extras_ratio - 3) <= 0.3),
                 Row(f"{name}: trickle p95 wait under a 2,000 flood", "s", plain_t, extras_t,
                     "<= 0.15 and 3x better", extras_t <= 0.15 and extras_t * 3 <= plain_t,
-                    note="weights a:1 b:10, 20 tasks to b 50 ms apart"),
+                    note=f"weights a:1 b:10, {TRICKLE} tasks to b 50 ms apart"),
                 Row(f"{name}: burst p95 wait under a 2,000 flood", "s", plain_b, extras_b,
                     "better than plain", extras_b < plain_b,
                     note="20 tasks to b at once; floor ~0.18 s: 9 rounds of 20 ms"),

@@ -45,7 +45,7 @@ def test_trickle_queue_is_served_promptly_under_a_flood(
     queues = (f"{ns}.a", f"{ns}.b")
     cluster.configure(include=INCLUDE, plain=True)
     plain = cluster.worker("plain", queues=queues)
-    plain_waits = flood.trickle_waits(cluster.app, journal, *queues, n_flood=600, n_trickle=20)
+    plain_waits = flood.trickle_waits(cluster.app, journal, *queues, n_flood=600, n_trickle=40)
     plain.stop()
     cluster.app.control.purge()
     journal.clear()
@@ -54,11 +54,12 @@ def test_trickle_queue_is_served_promptly_under_a_flood(
         include=INCLUDE, plain=False, extras_queue_weights={queues[0]: 1, queues[1]: 10}
     )
     cluster.worker("fair", queues=queues)
-    fair_waits = flood.trickle_waits(cluster.app, journal, *queues, n_flood=600, n_trickle=20)
+    fair_waits = flood.trickle_waits(cluster.app, journal, *queues, n_flood=600, n_trickle=40)
 
     plain_p95, fair_p95 = flood.p95(plain_waits), flood.p95(fair_waits)
     name = cluster.broker.split(":")[0]
     print(f"\n{name}: trickle p95 wait plain {plain_p95:.3f} s, weighted {fair_p95:.3f} s")
+    print(f"weighted waits (ms), in order: {[round(w * 1000) for w in fair_waits]}")
     assert fair_p95 * 3 <= plain_p95
     assert fair_p95 <= 0.5  # the 0.15 s target is measured on a quiet machine in bench/
 
