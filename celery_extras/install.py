@@ -22,6 +22,7 @@ from .policies.capability import POLICIES
 from .settings import CORE_SETTINGS, PREFIX, Setting, validate
 from .stats.capability import STATS
 from .sync.capability import SYNC
+from .workarounds import RedisCloseGuard
 
 __all__ = ["CAPABILITIES", "Capability", "ExtrasStep", "all_settings", "install", "settings_of"]
 
@@ -88,6 +89,7 @@ def install(app: Celery, **options: Any) -> Celery:
     _installed.add(app)
 
     app.steps["worker"].add(ExtrasStep)
+    app.steps["consumer"].add(RedisCloseGuard)
     for capability in CAPABILITIES:
         for step in capability.worker_steps:
             app.steps["worker"].add(step)

@@ -29,6 +29,7 @@ from typing import Any
 import redis
 from celery import Celery, Task
 from celery.utils.imports import instantiate, symbol_by_name
+from celery.utils.time import maybe_iso8601
 from celery.worker import state as worker_state
 from celery.worker.strategy import default as default_strategy
 
@@ -48,6 +49,10 @@ logger = logging.getLogger(__name__)
 ENFORCER_ATTR = "extras_policies"
 #: Header of a message handed back with its slot already booked (value: the bucket name).
 SLOT_HEADER = "extras_slot"
+
+#: A booked slot missed by more than this many seconds (the worker or the broker was away)
+#: is booked again: tasks delayed by an outage must not all run at once when it ends.
+STALE_SLOT = 0.5
 
 _STORE_ERRORS = (redis.RedisError, StoreUnavailable, OSError)
 _MAX_LOCAL_BUCKETS = 4096
@@ -211,11 +216,25 @@ class Enforcer:
         self.hold(consumer, request, name, wait, booked)
 
     def after_eta(self, consumer: Any, request: Any, name: str) -> None:
-        """The ETA of a task passed: a handed-back task has its slot, others book one now."""
-        if request.request_dict.get(SLOT_HEADER) == name:
+        """The ETA of a task passed: a handed-back task has its slot (unless it is stale),
+        others book one now."""
+        if request.request_dict.get(SLOT_HEADER) == name and not self._stale(request.eta):
             self.go(consumer, request)
         else:
             self.submit(consumer, request, name)
+
+    @staticmethod
+    def _stale(eta: Any) -> bool:
+        try:
+            when = maybe_iso8601(eta)
+        except (TypeError, ValueError):
+            return True
+        if not isinstance(when, datetime):
+            return True
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        late: float = (datetime.now(UTC) - when).total_seconds()
+        return late > STALE_SLOT
 
     def go(self, consumer: Any, request: Any) -> None:
         self.counts["admitted"] += 1
@@ -225,18 +244,19 @@ class Enforcer:
     def hold(self, consumer: Any, request: Any, name: str, wait: float, booked: bool) -> None:
         self.counts["held"] += 1
         consumer.qos.increment_eventually()  # keep the prefetch window open while it waits
+        due = self.clock() + wait
         entry = consumer.timer.call_after(
-            wait, self._release, (consumer, request, name, booked), priority=6
+            wait, self._release, (consumer, request, name, booked, due), priority=6
         )
         self.held[id(request)] = (request, entry)
         request._eta_timer_entry = entry  # so Celery's on_close() cancels it too
         worker_state.task_scheduled(request)
 
-    def _release(self, consumer: Any, request: Any, name: str, booked: bool) -> None:
+    def _release(self, consumer: Any, request: Any, name: str, booked: bool, due: float) -> None:
         if self.held.pop(id(request), None) is None:
             return  # dropped by stop()
         consumer.qos.decrement_eventually()
-        if booked:
+        if booked and self.clock() - due <= STALE_SLOT:
             self.go(consumer, request)
         else:
             self.submit(consumer, request, name)
