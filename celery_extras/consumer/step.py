@@ -9,6 +9,7 @@ weighted order as fast as the pool frees up.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
@@ -20,6 +21,9 @@ from .task_consumer import FairTaskConsumer
 __all__ = ["FairQueues"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between two turns of the hand-off when nothing else wakes the event loop.
+NUDGE = 0.01
 
 
 class FairQueues(bootsteps.StartStopStep):
@@ -36,6 +40,8 @@ class FairQueues(bootsteps.StartStopStep):
         self.prefetch: int | None = settings["queue_prefetch"]
         self.enabled = self.weights is not None
         self.fair: FairTaskConsumer | None = None
+        self._pool_tick: Callable[[], None] | None = None
+        self._nudging: Any = None
         super().__init__(c, **kwargs)
 
     def start(self, c: Any) -> None:
@@ -46,12 +52,31 @@ class FairQueues(bootsteps.StartStopStep):
         if unknown:
             logger.warning("extras_queue_weights names queues this worker does not consume: %s",
                            ", ".join(unknown))  # fmt: skip
+        self._pool_tick = getattr(getattr(c.pool, "_pool", None), "on_poll_start", None)
         self.fair = c.task_consumer = FairTaskConsumer(
             c, self.weights, self.prefetch or max(1, c.initial_prefetch_count), self._room(c)
         )
         if c.hub is not None:
-            c.hub.on_tick.add(self.fair.dispatch)
+            c.hub.on_tick.add(self._tick)
+            self._nudging = c.hub.call_repeatedly(NUDGE, self._nudge)
         logger.info("weighted fair queues: %s", self.fair.order.weights)
+
+    def _tick(self) -> None:
+        """Hand on what the pool has room for, then let the prefork pool see the new jobs.
+
+        Runs on every turn of the event loop and every :data:`NUDGE` seconds. The loop
+        runs its tick callbacks in no set order, and a job handed on after the pool's own
+        tick (which starts writing queued jobs to idle processes), or while a message is
+        being received, would otherwise wait for the loop's next wake-up: the next
+        message, 50 ms later in a trickle. The timer bounds any such wait.
+        """
+        if self.fair is not None and self.fair.dispatch() and self._pool_tick is not None:
+            self._pool_tick()
+
+    def _nudge(self) -> None:
+        self._tick()
+        if self._pool_tick is not None:
+            self._pool_tick()
 
     def _room(self, c: Any) -> Any:
         if c.hub is None:  # no event loop to drain on: hand messages on as they come
@@ -65,7 +90,10 @@ class FairQueues(bootsteps.StartStopStep):
 
     def stop(self, c: Any) -> None:
         if self.fair is not None and c.hub is not None:
-            c.hub.on_tick.discard(self.fair.dispatch)
+            c.hub.on_tick.discard(self._tick)
+        if self._nudging is not None:
+            self._nudging.cancel()
+            self._nudging = None
 
     def shutdown(self, c: Any) -> None:
         self.stop(c)

@@ -137,17 +137,21 @@ class FairTaskConsumer:
     def _ready(self, name: str) -> bool:
         return bool(self.buffers.get(name))
 
-    def dispatch(self) -> None:
-        """Hand buffered messages to the worker in weighted order while the pool has room."""
+    def dispatch(self) -> int:
+        """Hand buffered messages to the worker in weighted order while the pool has room;
+        returns how many were handed on."""
         if self.on_message is None:
-            return
+            return 0
+        handed = 0
         while self.room():
             name = self.order.pick(self._ready)
             if name is None:
-                return
+                break
             message = self.buffers[name].popleft()
             self.dispatched[name] += 1
+            handed += 1
             self.on_message(message)
+        return handed
 
     def buffered(self) -> dict[str, int]:
         return {name: len(buffer) for name, buffer in self.buffers.items()}
