@@ -16,7 +16,6 @@ from the Redis run (matplotlib, a dev dependency).
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from kombu import Connection
 
 from tests.support import proj
 from tests.support.brokers import require_broker
+from tests.support.flood import p95
 from tests.support.journal import Journal
 from tests.support.workers import WorkerProcess, wait_for
 
@@ -43,10 +43,6 @@ PLOT = Path(__file__).resolve().parent.parent / "docs" / "_static" / "consumer-f
 
 #: runs kept for the plot: {(scheme, scenario, "plain"|"extras"): journal entries}
 RUNS: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-
-
-def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20, method="inclusive")[-1]
 
 
 class Run:

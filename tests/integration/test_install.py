@@ -1,11 +1,12 @@
-"""install(app) on real workers: tasks run, the step reports itself, bad settings stop the start."""
+"""install(app) on real workers: tasks run and the step reports itself.
+
+Bad settings stopping the worker start: tests/reliability/test_bad_input.py.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from tests.integration.conftest import Cluster
 from tests.support.journal import Journal
@@ -26,21 +27,3 @@ def test_installed_worker_runs_tasks_and_reports_itself(
     )
     installed = stats[worker.hostname]["extras_install"]
     assert installed["capabilities"] == ["sync", "policies", "consumer", "stats"]
-
-
-@pytest.mark.parametrize(
-    ("conf", "message"),
-    [
-        ({"extras_key_prefx": "x"}, "extras_key_prefx: unknown celery-extras setting; "
-                                    "did you mean extras_key_prefix?"),
-        ({"extras_redis_url": "amqp://x"}, "extras_redis_url: expected a redis://"),
-    ],
-)  # fmt: skip
-def test_bad_setting_stops_the_worker_start_with_its_name(
-    cluster: Cluster, conf: dict[str, Any], message: str
-) -> None:
-    cluster.configure(**conf)
-    worker = cluster.worker("bad", start=False).start(wait=False)
-    wait_for(lambda: not worker.alive(), timeout=60, what="worker to exit")
-    assert worker.proc is not None and worker.proc.returncode != 0
-    assert message in worker.log()

@@ -66,6 +66,11 @@ def test_key_callable_that_cannot_handle_the_arguments_loses_no_task(
 @pytest.mark.parametrize(
     ("conf", "message"),
     [
+        (
+            {"extras_key_prefx": "x"},
+            "extras_key_prefx: unknown celery-extras setting; did you mean extras_key_prefix?",
+        ),
+        ({"extras_redis_url": "amqp://x"}, "extras_redis_url: expected a redis://"),
         ({"extras_stats_interval": -1}, "extras_stats_interval: expected a number > 0"),
         ({"extras_stats_interval": "2"}, "extras_stats_interval: expected a number > 0"),
         ({"extras_stats_windows": [1, 10, 10**9]}, "extras_stats_windows"),
@@ -80,4 +85,5 @@ def test_absurd_settings_stop_the_worker_start_with_the_setting_named(
     cluster.configure(**conf)
     worker = cluster.worker("bad", start=False).start(wait=False)
     wait_for(lambda: not worker.alive(), timeout=60, what="the worker to refuse to start")
+    assert worker.proc is not None and worker.proc.returncode != 0
     assert message in worker.log()

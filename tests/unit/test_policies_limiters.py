@@ -19,15 +19,7 @@ from celery_extras.policies import (
 )
 from celery_extras.policies.counts import Counts
 from celery_extras.policies.rate import format_rate
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.support.clock import FakeClock
 
 # -- rate syntax ----------------------------------------------------------------------------
 
@@ -65,7 +57,7 @@ def test_format_rate_round_trips() -> None:
 
 
 def test_bucket_starts_full_and_refills_at_its_rate() -> None:
-    clock = Clock()
+    clock = FakeClock()
     bucket = TokenBucket(10, burst=3, clock=clock)
     assert [bucket.can_consume() for _ in range(4)] == [True, True, True, False]
     assert bucket.expected_time() == pytest.approx(0.1)
@@ -77,7 +69,7 @@ def test_bucket_starts_full_and_refills_at_its_rate() -> None:
 
 
 def test_reserve_books_consecutive_slots_in_order() -> None:
-    clock = Clock()
+    clock = FakeClock()
     bucket = TokenBucket(4, burst=2, clock=clock)
     waits = [bucket.reserve() for _ in range(6)]
     assert waits == pytest.approx([0, 0, 0.25, 0.5, 0.75, 1.0])
@@ -86,7 +78,7 @@ def test_reserve_books_consecutive_slots_in_order() -> None:
 
 
 def test_reserve_never_exceeds_rate_plus_burst_in_any_second() -> None:
-    clock = Clock(0.0)
+    clock = FakeClock(0.0)
     bucket = TokenBucket(20, burst=5, clock=clock)
     slots = []
     for step in range(400):  # arrivals in clumps, some bursts after idle gaps
@@ -98,7 +90,7 @@ def test_reserve_never_exceeds_rate_plus_burst_in_any_second() -> None:
 
 
 def test_expected_time_for_several_tokens() -> None:
-    clock = Clock()
+    clock = FakeClock()
     bucket = TokenBucket(2, burst=4, clock=clock)
     assert bucket.expected_time(4) == 0
     assert bucket.reserve(4) == 0
@@ -108,7 +100,7 @@ def test_expected_time_for_several_tokens() -> None:
 
 
 def test_set_rate_applies_from_now_on() -> None:
-    clock = Clock()
+    clock = FakeClock()
     bucket = TokenBucket(1, clock=clock)
     assert bucket.reserve() == 0 and bucket.reserve() == pytest.approx(1.0)
     bucket.set_rate(10)
@@ -177,7 +169,7 @@ def test_jitter_full_and_equal_are_seeded_and_bounded() -> None:
 
 
 def test_bucket_policy_is_overall_not_per_item() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = BucketPolicy("10/s", burst=2, clock=clock)
     assert [policy.when(i) for i in "abcd"] == pytest.approx([0, 0, 0.1, 0.2])
     assert policy.num_requeues("a") == 0

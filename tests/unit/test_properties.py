@@ -10,15 +10,7 @@ from hypothesis import strategies as st
 
 from celery_extras.policies.token_bucket import TokenBucket
 from celery_extras.stats.timewheel import minute_wheel
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.support.clock import FakeClock
 
 # Gaps between events in seconds: mostly small, sometimes long idle periods (up to 2 h).
 gaps = st.one_of(
@@ -64,6 +56,13 @@ def test_time_wheel_sums_equal_a_brute_force_count(
         assert counts == expected, f"window {window} s"
 
 
+def assert_within_burst_plus_rate(times: list[float], rate: float, burst: int) -> None:
+    """No stretch of the sorted *times* holds more than ``burst + rate x`` its length."""
+    for i, first in enumerate(times):
+        for j in range(i, len(times)):
+            assert j - i + 1 <= burst + rate * (times[j] - first) + 1e-6
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     rate=st.floats(min_value=0.5, max_value=1000, allow_nan=False),
@@ -80,10 +79,7 @@ def test_token_bucket_never_grants_more_than_burst_plus_rate_times_elapsed(
         clock.now += gap
         if bucket.can_consume():
             granted.append(clock.now)
-    for i, first in enumerate(granted):
-        for j in range(i, len(granted)):
-            elapsed = granted[j] - first
-            assert j - i + 1 <= burst + rate * elapsed + 1e-6
+    assert_within_burst_plus_rate(granted, rate, burst)
 
 
 @settings(max_examples=300, deadline=None)
@@ -104,6 +100,4 @@ def test_reserved_slots_never_exceed_burst_plus_rate_times_elapsed(
         assert wait >= 0
         slots.append(clock.now + wait)
     assert all(b >= a - 1e-9 for a, b in itertools.pairwise(slots))  # handed out in order
-    for i, first in enumerate(slots):
-        for j in range(i, len(slots)):
-            assert j - i + 1 <= burst + rate * (slots[j] - first) + 1e-6
+    assert_within_burst_plus_rate(slots, rate, burst)

@@ -20,18 +20,11 @@ from celery_extras.stats.recorder import (
     Recorder,
 )
 from celery_extras.stats.recording import _Receivers
-
-
-class FakeClock:
-    def __init__(self, now: float = 5000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def test_snapshot_has_exactly_the_contract_fields() -> None:
-    clock = FakeClock()
+    clock = FakeClock(5000.0)
     rec = Recorder(clock)
     for _ in range(3):
         rec.count("a", RECEIVED)
@@ -56,7 +49,7 @@ def test_snapshot_has_exactly_the_contract_fields() -> None:
 
 
 def test_names_idle_for_longer_than_the_longest_window_are_left_out() -> None:
-    clock = FakeClock()
+    clock = FakeClock(5000.0)
     rec = Recorder(clock)
     rec.count("old", RECEIVED)
     clock.now += 30
@@ -69,7 +62,7 @@ def test_names_idle_for_longer_than_the_longest_window_are_left_out() -> None:
 
 
 def test_names_beyond_max_tasks_are_counted_under_other() -> None:
-    clock = FakeClock()
+    clock = FakeClock(5000.0)
     rec = Recorder(clock, max_tasks=3)
     for i in range(10):
         rec.count(f"t{i}", RECEIVED)
@@ -85,7 +78,7 @@ def test_names_beyond_max_tasks_are_counted_under_other() -> None:
 
 
 def test_locked_recorder_counts_the_same() -> None:
-    clock = FakeClock()
+    clock = FakeClock(5000.0)
     rec = LockedRecorder(clock)
     rec.count("a", RECEIVED, 4)
     rec.runtime("a", 1.0)
@@ -96,7 +89,7 @@ def test_locked_recorder_counts_the_same() -> None:
 @pytest.fixture
 def recording() -> Iterator[tuple[Celery, Recorder, FakeClock]]:
     app = Celery("stats-unit", set_as_current=False)
-    clock = FakeClock()
+    clock = FakeClock(5000.0)
     rec = Recorder(clock)
     receivers = _Receivers(app, rec)
     receivers.connect()

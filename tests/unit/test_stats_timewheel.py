@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_extras.stats.timewheel import TimeWheel, minute_wheel
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def counts(wheel: TimeWheel, windows: list[float], partial: bool = False) -> list[int]:
