@@ -49,14 +49,19 @@ def _closure(fun: Callable[..., Any]) -> dict[str, Any]:
 
 
 def target_of(task: Any) -> tuple[Callable[..., Any], str]:
-    """``(function, task name)`` behind *task*; :class:`TypeError` if it is not a task."""
-    if isinstance(task, PromiseProxy):  # @app.task before the app is finalized
+    """``(function, task name)`` behind *task*; :class:`TypeError` if it is not a task.
+
+    Proxies are recognised by their own type: ``isinstance`` would ask the proxy for
+    ``__class__`` and so evaluate it against whatever app is current at import time.
+    """
+    kind = type(task)
+    if issubclass(kind, PromiseProxy):  # @app.task before the app is finalized
         args = object.__getattribute__(task, "_Proxy__args")
         opts = object.__getattribute__(task, "_Proxy__kwargs")
         if args and callable(args[0]):
             fun = args[0]
             return fun, opts.get("name") or f"{fun.__module__}.{fun.__name__}"
-    elif isinstance(task, Proxy):  # @shared_task
+    elif issubclass(kind, Proxy):  # @shared_task
         local = object.__getattribute__(task, "_Proxy__local")
         scope = _closure(local)
         fun = scope.get("fun")

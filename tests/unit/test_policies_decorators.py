@@ -140,3 +140,17 @@ def test_called_directly_a_retried_task_raises_the_original() -> None:
     app.finalize()
     with pytest.raises(ValueError, match="original"):
         app.tasks["unit.boom"]()
+
+
+def test_limit_above_shared_task_does_not_evaluate_the_proxy() -> None:
+    other = Celery("other", broker="memory://")  # current, finalized, without this task
+    other.finalize()
+    plain = Celery("plain", broker="memory://", set_as_current=False)
+    plain.finalize()
+
+    @limit("5/s")
+    @shared_task(name="unit.shared_late")
+    def shared_late() -> None: ...
+
+    assert "unit.shared_late" in plain.tasks  # registered, not looked up in `other`
+    other.close()
