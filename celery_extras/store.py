@@ -18,7 +18,7 @@ from celery import Celery
 __all__ = ["StoreUnavailable", "redis_client", "store_key", "store_url"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-_clients: weakref.WeakKeyDictionary[Celery, redis.Redis[str]] = weakref.WeakKeyDictionary()
+_clients: weakref.WeakKeyDictionary[Celery, redis.Redis] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -46,7 +46,7 @@ def store_url(app: Celery) -> str | None:
     return _as_redis_url(first_broker) or _as_redis_url(app.conf.result_backend)
 
 
-def redis_client(app: Celery) -> redis.Redis[str]:
+def redis_client(app: Celery) -> redis.Redis:
     """The app's store client (one per app, thread-safe, short socket timeouts)."""
     with _lock:
         client = _clients.get(app)

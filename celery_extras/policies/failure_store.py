@@ -6,8 +6,6 @@ time to live so items that are never retried again do not stay forever.
 
 from __future__ import annotations
 
-from typing import Any
-
 import redis
 
 from .counts import Counts, CountsFactory
@@ -18,7 +16,7 @@ __all__ = ["RedisCounts", "redis_counts"]
 class RedisCounts:
     """:class:`~celery_extras.policies.counts.Counts` under *prefix* in *client*'s Redis."""
 
-    def __init__(self, client: redis.Redis[Any], prefix: str, ttl: float) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, ttl: float) -> None:
         self.client = client
         self.prefix = prefix
         self.ttl_ms = max(1, int(ttl * 1000))
@@ -44,7 +42,7 @@ class RedisCounts:
         self.client.delete(self.key(item))
 
 
-def redis_counts(client: redis.Redis[Any], prefix: str, ttl: float) -> CountsFactory:
+def redis_counts(client: redis.Redis, prefix: str, ttl: float) -> CountsFactory:
     """A factory giving each limiter of a composite policy its own keys under *prefix*."""
 
     def counts(path: str) -> Counts:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, cast
+from typing import cast
 
 import redis
 
@@ -79,7 +79,7 @@ class Override:
 class GlobalBucket:
     """Cluster-wide token buckets under *prefix* in *client*'s Redis."""
 
-    def __init__(self, client: redis.Redis[Any], prefix: str) -> None:
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
         self.overrides_key = f"{prefix}:limits"

@@ -141,7 +141,7 @@ class RevokeStore:
 
     def __init__(
         self,
-        client: redis.Redis[str],
+        client: redis.Redis,
         prefix: str,
         max_entries: int,
         wall_clock: Callable[[], float] = time.time,
@@ -212,8 +212,12 @@ class RevokeStore:
 
     def newest(self, limit: int) -> dict[str, Any]:
         """The *limit* ids and stamps expiring last, with their expiry (for listings)."""
-        ids = self.client.zrevrange(self.keys[0], 0, limit - 1, withscores=True)
-        stamps = self.client.zrevrange(self.keys[1], 0, limit - 1, withscores=True)
+        ids: list[tuple[str, float]] = self.client.zrevrange(  # type: ignore[assignment]
+            self.keys[0], 0, limit - 1, withscores=True
+        )
+        stamps: list[tuple[str, float]] = self.client.zrevrange(  # type: ignore[assignment]
+            self.keys[1], 0, limit - 1, withscores=True
+        )
         parsed = [(parse_stamp_member(m), e) for m, e in stamps]
         return {
             "newest_ids": dict(ids),

@@ -9,48 +9,24 @@ still holds, and a revoke sent after the restart is honoured.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import Cluster
-from tests.support.brokers import PrivateRedis, require_broker
+from tests.support.brokers import restartable_broker
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
 INCLUDE = ("tests.support.tasks_reliability",)
 
 
-@contextmanager
-def redis_broker(tmp_path: Path) -> Iterator[tuple[str, Callable[[], None]]]:
-    server = PrivateRedis(tmp_path).start()
-    try:
-        yield server.url, server.restart
-    finally:
-        server.stop()
-
-
-def restart_rabbitmq() -> None:
-    subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=120)
-    time.sleep(1.0)  # the outage itself
-    subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
-    subprocess.run(["rabbitmqctl", "await_startup"], check=True, capture_output=True, timeout=120)
-
-
-@contextmanager
-def rabbitmq_broker(tmp_path: Path) -> Iterator[tuple[str, Callable[[], None]]]:
-    yield require_broker("rabbitmq"), restart_rabbitmq
-
-
 @pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_broker_restart_mid_run(kind: str, ns: str, tmp_path: Path, journal: Journal) -> None:
-    broker_of = redis_broker if kind == "redis" else rabbitmq_broker
-    with broker_of(tmp_path) as (url, restart):
+    with restartable_broker(kind, tmp_path) as (url, restart):
         cluster = Cluster(url, ns, tmp_path)
         try:
             run_through_a_restart(cluster, journal, restart)

@@ -5,9 +5,18 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["BACKEND_URL", "BROKERS", "REDIS_URL", "PrivateRedis", "require_broker"]
+__all__ = [
+    "BACKEND_URL",
+    "BROKERS",
+    "REDIS_URL",
+    "PrivateRedis",
+    "require_broker",
+    "restartable_broker",
+]
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 BACKEND_URL = "redis://127.0.0.1:6379/1"
@@ -72,3 +81,26 @@ class PrivateRedis:
         self.stop()
         time.sleep(down_for)  # the outage itself, not a wait for a condition
         self.start()
+
+
+def restart_rabbitmq() -> None:
+    """Stop and start the shared RabbitMQ's application (durable queues and persistent
+    messages survive); only for runs that own the machine, as CI does."""
+    for command in (["stop_app"], ["start_app"], ["await_startup"]):
+        subprocess.run(["rabbitmqctl", *command], check=True, capture_output=True, timeout=120)
+        if command == ["stop_app"]:
+            time.sleep(1.0)  # the outage itself
+
+
+@contextmanager
+def restartable_broker(kind: str, workdir: Path) -> Iterator[tuple[str, Callable[[], None]]]:
+    """``(url, restart)`` of a broker a test may restart: a private persistent Redis, or the
+    shared RabbitMQ."""
+    if kind == "rabbitmq":
+        yield require_broker("rabbitmq"), restart_rabbitmq
+        return
+    server = PrivateRedis(workdir).start()
+    try:
+        yield server.url, server.restart
+    finally:
+        server.stop()
