@@ -7,6 +7,7 @@ when it acts.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
@@ -25,8 +26,14 @@ class RedisCloseGuard(bootsteps.StartStopStep):
     holds unacked messages to restore, asks the already-dropped connection for
     its ``hostname`` and raises :class:`AttributeError`, which ends the worker
     ("Unrecoverable error"): here plain Celery lost its worker in one Redis
-    restart out of four. This step makes that close log a warning instead; the
-    unacked messages are restored after the visibility timeout, as usual.
+    restart out of four. The first ack or reject of a message delivered on the
+    lost connection (a task that finishes after the reconnect, with ``acks_late``)
+    reaches the same dropped connection and ends the worker the same way.
+
+    This step makes that close log a warning instead, and turns ack and reject on
+    the lost connection's channels into a logged drop: the messages stay in
+    Redis's unacked set and are restored after the visibility timeout, as usual
+    (the task runs again, as RabbitMQ redelivers a message of a closed channel).
     """
 
     label = "extras-redis-close-guard"
@@ -36,16 +43,33 @@ class RedisCloseGuard(bootsteps.StartStopStep):
         connection = c.connection
         if connection is None or connection.transport.driver_type != "redis":
             return
-        release = connection.release
+        transport = connection.transport  # collect() drops it before release() runs
+        connection.collect = _guarded(connection.collect, transport)
+        connection.release = connection.close = _guarded(connection.release, transport)
 
-        def guarded_release() -> None:
-            try:
-                release()
-            except AttributeError as exc:
-                logger.warning(
-                    "celery-extras: closing the lost Redis connection failed in kombu (%r); "
-                    "its unacked messages return after the visibility timeout",
-                    exc,
-                )
 
-        connection.release = connection.close = guarded_release
+def _guarded(close: Callable[..., None], transport: Any) -> Callable[..., None]:
+    """*close* (``collect`` or ``release`` of a Redis connection), made safe for the worker."""
+
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        for channel in list(transport.channels):  # closing a channel takes it off the list
+            channel.basic_ack = channel.basic_reject = _dropped
+        try:
+            close(*args, **kwargs)
+        except AttributeError as exc:
+            logger.warning(
+                "celery-extras: closing the lost Redis connection failed in kombu (%r); "
+                "its unacked messages return after the visibility timeout",
+                exc,
+            )
+
+    return guarded
+
+
+def _dropped(delivery_tag: Any, *args: Any, **kwargs: Any) -> None:
+    """Ack or reject on a channel of a lost Redis connection: leave the message unacked."""
+    logger.warning(
+        "celery-extras: message %s was delivered on a Redis connection that is gone; it "
+        "cannot be acked or rejected any more and returns after the visibility timeout",
+        delivery_tag,
+    )

@@ -6,6 +6,11 @@ every worker sees the same per-item memory; success forgets it. The retry goes
 through Celery's own ``task.retry`` (publish the retry, then the old message is
 acked), and a countdown may be a fraction of a second. Retries exhausted: the
 task fails with the original exception.
+
+Where Celery drops a task whose retry cannot be published (``Reject`` without
+requeue, e.g. during a broker outage), the message is kept instead: with
+``acks_late`` it goes back to the queue; acked on receipt, the task fails with
+its exception, visibly, rather than vanishing.
 """
 
 from __future__ import annotations
@@ -86,6 +91,25 @@ def _countdown(task: Task, spec: RetrySpec, item: str) -> float:
         return spec.policy.bind(memory_counts).when(item)
 
 
+def _keep(task: Task, exc: BaseException, error: object) -> BaseException:
+    """What to raise instead of Celery's ``Reject(requeue=False)`` when the retry of *task*
+    could not be published: the message goes back to the queue, or the task fails."""
+    if task.acks_late:
+        logger.warning(
+            "celery-extras: the retry of %s[%s] could not be published (%r); its message goes "
+            "back to the queue",
+            task.name, task.request.id, error,
+        )  # fmt: skip
+        requeue: BaseException = Reject(error, requeue=True)
+        return requeue
+    logger.error(
+        "celery-extras: the retry of %s[%s] could not be published (%r) and its message was "
+        "acknowledged on receipt (acks_late is off): the task fails with %r",
+        task.name, task.request.id, error, exc,
+    )  # fmt: skip
+    return exc
+
+
 def install_retry(task: Task, spec: RetrySpec) -> None:
     """Wrap *task*'s ``run`` so exceptions in ``spec.on`` are retried per ``spec.policy``."""
     if task.__dict__.get("_extras_retry") is spec:
@@ -108,7 +132,10 @@ def install_retry(task: Task, spec: RetrySpec) -> None:
                 _forget(task, spec, item)
                 raise
             countdown = _countdown(task, spec, item)
-            raise task.retry(exc=exc, countdown=countdown, max_retries=sys.maxsize) from exc
+            try:
+                raise task.retry(exc=exc, countdown=countdown, max_retries=sys.maxsize) from exc
+            except Reject as unpublished:  # Celery's answer to a retry it could not publish
+                raise _keep(task, exc, unpublished.reason) from exc
         request = task.request
         if not request.called_directly and (spec.per_item or request.retries):
             _forget(task, spec, _item(task, spec, args, kwargs))

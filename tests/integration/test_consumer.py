@@ -70,8 +70,8 @@ def test_trickle_queue_is_served_promptly_under_a_flood(
 def test_broker_restart_mid_run_loses_nothing_and_shares_recover(
     kind: str, ns: str, tmp_path: Path, journal: Journal
 ) -> None:
-    with restartable_broker(kind, tmp_path) as (url, restart):
-        run_weighted_through_a_restart(Cluster(url, ns, tmp_path), journal, restart)
+    with restartable_broker(kind, tmp_path) as broker:
+        run_weighted_through_a_restart(Cluster(broker.url, ns, tmp_path), journal, broker.restart)
 
 
 def run_weighted_through_a_restart(
@@ -85,7 +85,9 @@ def run_weighted_through_a_restart(
             extras_queue_weights={queues[0]: 3, queues[1]: 1},
             broker_transport_options={"visibility_timeout": 5, "unacked_restore_interval": 1},
         )
-        ids = set(publish(cluster, "a", 300, seconds=0.01) + publish(cluster, "b", 300, 0.01))
+        # Enough of each that both queues are still backlogged for 200 runs after the restart,
+        # however long stopping the broker lets the worker go on (one second is 100 runs).
+        ids = set(publish(cluster, "a", 500, seconds=0.01) + publish(cluster, "b", 500, 0.01))
         worker = cluster.worker("w1", queues=queues)
         wait_for(lambda: len(journal) >= 100, timeout=60, what="the run to be under way")
         restart()
@@ -98,7 +100,9 @@ def run_weighted_through_a_restart(
         )  # fmt: skip
         entries = flood.runs(journal)
         after = Counter(e["queue"] for e in entries[before : before + 200])
-        print(f"\nafter the restart: next 200 = {dict(after)}")
+        print(f"\nafter the restart: next 200 = {dict(after)} (from run {before})")
+        later = Counter(e["queue"] for e in entries[before + 200 :])
+        assert later[queues[0]] and later[queues[1]], "a queue ran dry: measure earlier"
         assert 2.5 <= after[queues[0]] / after[queues[1]] <= 3.5, after
         assert worker.alive()
         # Celery logs the lost connection's tracebacks itself; none may pass through our code.

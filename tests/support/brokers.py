@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,6 +14,8 @@ __all__ = [
     "BROKERS",
     "REDIS_URL",
     "PrivateRedis",
+    "Restartable",
+    "SharedRabbitMQ",
     "require_broker",
     "restartable_broker",
 ]
@@ -83,24 +85,52 @@ class PrivateRedis:
         self.start()
 
 
-def restart_rabbitmq() -> None:
-    """Stop and start the shared RabbitMQ's application (durable queues and persistent
+class SharedRabbitMQ:
+    """The shared RabbitMQ's application, stopped and started (durable queues and persistent
     messages survive); only for runs that own the machine, as CI does."""
-    for command in (["stop_app"], ["start_app"], ["await_startup"]):
+
+    url = BROKERS["rabbitmq"]
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    @staticmethod
+    def _ctl(*command: str) -> None:
         subprocess.run(["rabbitmqctl", *command], check=True, capture_output=True, timeout=120)
-        if command == ["stop_app"]:
-            time.sleep(1.0)  # the outage itself
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._ctl("stop_app")
+
+    def start(self) -> None:
+        self._ctl("start_app")
+        self._ctl("await_startup")
+        self.stopped = False
+
+    def restart(self, down_for: float = 1.0) -> None:
+        self.stop()
+        time.sleep(down_for)  # the outage itself, not a wait for a condition
+        self.start()
+
+
+Restartable = PrivateRedis | SharedRabbitMQ
 
 
 @contextmanager
-def restartable_broker(kind: str, workdir: Path) -> Iterator[tuple[str, Callable[[], None]]]:
-    """``(url, restart)`` of a broker a test may restart: a private persistent Redis, or the
-    shared RabbitMQ."""
+def restartable_broker(kind: str, workdir: Path) -> Iterator[Restartable]:
+    """A broker a test may stop, start and restart: a private persistent Redis, or the shared
+    RabbitMQ, which is running again afterwards whatever the test did."""
     if kind == "rabbitmq":
-        yield require_broker("rabbitmq"), restart_rabbitmq
+        require_broker("rabbitmq")
+        rabbitmq = SharedRabbitMQ()
+        try:
+            yield rabbitmq
+        finally:
+            if rabbitmq.stopped:
+                rabbitmq.start()
         return
     server = PrivateRedis(workdir).start()
     try:
-        yield server.url, server.restart
+        yield server
     finally:
         server.stop()

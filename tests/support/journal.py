@@ -43,6 +43,18 @@ class Journal:
                     raise
                 time.sleep(0.2)
 
+    def raise_flag(self, name: str) -> None:
+        """Tell tasks waiting in :meth:`wait_for_flag` to go on."""
+        self.client.set(f"{self.key}:flag:{name}", 1, ex=600)
+
+    def wait_for_flag(self, name: str, timeout: float = 60.0) -> None:
+        """In a task: block until the test raises flag *name*; fail after *timeout* s."""
+        deadline = time.monotonic() + timeout
+        while not self.client.exists(f"{self.key}:flag:{name}"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"flag {name!r} was not raised within {timeout} s")
+            time.sleep(0.05)
+
     def entries(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.client.lrange(self.key, 0, -1)]
 
@@ -50,4 +62,4 @@ class Journal:
         return int(self.client.llen(self.key))
 
     def clear(self) -> None:
-        self.client.delete(self.key)
+        self.client.delete(self.key, *self.client.keys(f"{self.key}:flag:*"))

@@ -10,11 +10,15 @@ from celery_extras import ExponentialBackoff, limit, retry_policy
 
 from .journal import Journal
 
-__all__ = ["bad_key", "limited", "retried"]
+__all__ = ["bad_key", "limited", "retried", "retried_in_outage", "retried_in_outage_early_ack"]
+
+
+def _journal(task: Task) -> Journal:
+    return Journal(task.app.main or "extras-test")
 
 
 def _note(task: Task, **fields: Any) -> None:
-    Journal(task.app.main or "extras-test").note(task, **fields)
+    _journal(task).note(task, **fields)
 
 
 @limit("10/s", burst=2, scope="global")
@@ -33,6 +37,29 @@ def retried(self: Task, tag: Any = None) -> Any:
         raise ValueError(f"first attempt of {tag}")
     _note(self, tag=tag, outcome="done")
     return tag
+
+
+def _fail_first_attempt_in_outage(task: Task, tag: Any) -> Any:
+    """The first attempt waits for the test's ``outage`` flag (raised once the broker is
+    down), then fails, so its retry must be published while the broker is away."""
+    if task.request.retries == 0:
+        _note(task, tag=tag, outcome="failed")
+        _journal(task).wait_for_flag("outage")
+        raise ValueError(f"first attempt of {tag}")
+    _note(task, tag=tag, outcome="done")
+    return tag
+
+
+@retry_policy(on=(ValueError,), policy=ExponentialBackoff(base=0.2, cap=1.0))
+@shared_task(bind=True, name="tests.reliability.retried_in_outage", acks_late=True)
+def retried_in_outage(self: Task, tag: Any = None) -> Any:
+    return _fail_first_attempt_in_outage(self, tag)
+
+
+@retry_policy(on=(ValueError,), policy=ExponentialBackoff(base=0.2, cap=1.0))
+@shared_task(bind=True, name="tests.reliability.retried_in_outage_early_ack", acks_late=False)
+def retried_in_outage_early_ack(self: Task, tag: Any = None) -> Any:
+    return _fail_first_attempt_in_outage(self, tag)
 
 
 @limit("50/s", scope="worker", key=lambda args, kwargs: args[0]["customer"])
