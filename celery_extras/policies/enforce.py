@@ -50,9 +50,13 @@ ENFORCER_ATTR = "extras_policies"
 #: Header of a message handed back with its slot already booked (value: the bucket name).
 SLOT_HEADER = "extras_slot"
 
-#: A booked slot missed by more than this many seconds (the worker or the broker was away)
-#: is booked again: tasks delayed by an outage must not all run at once when it ends.
-STALE_SLOT = 0.5
+#: How late a booked slot may still be used: half the bucket's interval, so that no second
+#: sees more than rate + burst runs, but at least :data:`LATE_FLOOR` (timer jitter must not
+#: send every task of a fast bucket round again) and at most :data:`LATE_CAP` seconds.
+#: A slot missed by more (the worker or the broker was away) is booked again: tasks
+#: delayed by an outage must not all run at once when it ends.
+LATE_FLOOR = 0.02
+LATE_CAP = 0.5
 
 _STORE_ERRORS = (redis.RedisError, StoreUnavailable, OSError)
 _MAX_LOCAL_BUCKETS = 4096
@@ -216,25 +220,29 @@ class Enforcer:
         self.hold(consumer, request, name, wait, booked)
 
     def after_eta(self, consumer: Any, request: Any, name: str) -> None:
-        """The ETA of a task passed: a handed-back task has its slot (unless it is stale),
+        """The ETA of a task passed: a handed-back task has its slot (unless it missed it),
         others book one now."""
-        if request.request_dict.get(SLOT_HEADER) == name and not self._stale(request.eta):
+        if request.request_dict.get(SLOT_HEADER) == name and self._on_time(name, request.eta):
             self.go(consumer, request)
         else:
             self.submit(consumer, request, name)
 
-    @staticmethod
-    def _stale(eta: Any) -> bool:
+    def late_tolerance(self, name: str) -> float:
+        """Seconds a booked slot of *name* may be used late (see :data:`LATE_FLOOR`)."""
+        rate, _burst = self.effective(name, self.specs[name])
+        return min(LATE_CAP, max(LATE_FLOOR, 0.5 / rate))
+
+    def _on_time(self, name: str, eta: Any) -> bool:
         try:
             when = maybe_iso8601(eta)
         except (TypeError, ValueError):
-            return True
+            return False
         if not isinstance(when, datetime):
-            return True
+            return False
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
         late: float = (datetime.now(UTC) - when).total_seconds()
-        return late > STALE_SLOT
+        return late <= self.late_tolerance(name)
 
     def go(self, consumer: Any, request: Any) -> None:
         self.counts["admitted"] += 1
@@ -256,7 +264,7 @@ class Enforcer:
         if self.held.pop(id(request), None) is None:
             return  # dropped by stop()
         consumer.qos.decrement_eventually()
-        if booked and self.clock() - due <= STALE_SLOT:
+        if booked and self.clock() - due <= self.late_tolerance(name):
             self.go(consumer, request)
         else:
             self.submit(consumer, request, name)
