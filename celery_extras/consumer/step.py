@@ -54,8 +54,8 @@ class FairQueues(bootsteps.StartStopStep):
                            ", ".join(unknown))  # fmt: skip
         self._pool_tick = getattr(getattr(c.pool, "_pool", None), "on_poll_start", None)
         self.fair = c.task_consumer = FairTaskConsumer(
-            c, self.weights, self.prefetch or max(1, c.initial_prefetch_count), self._room(c)
-        )
+            c, self.weights, self.prefetch or max(1, c.max_prefetch_count), self._room(c)
+        )  # not initial_prefetch_count: Celery lowers it after a reconnect, while tasks run
         if c.hub is not None:
             c.hub.on_tick.add(self._tick)
             self._nudging = c.hub.call_repeatedly(NUDGE, self._nudge)
