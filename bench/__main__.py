@@ -22,7 +22,14 @@ INTRO = """# Benchmarks
 
 `python -m bench` runs every benchmark against local Redis and RabbitMQ, each
 figure measured for plain Celery and for celery-extras side by side in the same
-run, and writes this table. "runs" is how many repetitions the median is over.
+run, and writes this table. "runs" is how many repetitions the median is over;
+for the no-op throughput rows it is the number of alternating pairs of drains
+(each worker drains alone, the other paused), and the figures are the summed
+rates. On a 2-core VM the same worker's drain rate varies by 15 % or more from
+one drain to the next (the pairs' quartiles show it), so the same drains are
+also measured in instructions retired per task (``perf stat``), which repeat
+within about 1 %: with the machine's CPU the limit, the throughput a no-op task
+loses is the share of instructions celery-extras adds.
 
 """
 
