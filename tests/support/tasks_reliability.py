@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Task, shared_task
@@ -10,7 +11,14 @@ from celery_extras import ExponentialBackoff, limit, retry_policy
 
 from .journal import Journal
 
-__all__ = ["bad_key", "limited", "retried", "retried_in_outage", "retried_in_outage_early_ack"]
+__all__ = [
+    "bad_key",
+    "limited",
+    "retried",
+    "retried_in_outage",
+    "retried_in_outage_early_ack",
+    "weighted",
+]
 
 
 def _journal(task: Task) -> Journal:
@@ -35,6 +43,14 @@ def retried(self: Task, tag: Any = None) -> Any:
     if self.request.retries == 0:
         _note(self, tag=tag, outcome="failed")
         raise ValueError(f"first attempt of {tag}")
+    _note(self, tag=tag, outcome="done")
+    return tag
+
+
+@shared_task(bind=True, name="tests.reliability.weighted", acks_late=True)
+def weighted(self: Task, tag: Any = None) -> Any:
+    """20 ms of work, journalled when done; sent to a weighted queue of its own."""
+    time.sleep(0.02)
     _note(self, tag=tag, outcome="done")
     return tag
 
