@@ -27,9 +27,11 @@ for the no-op throughput rows it is the number of alternating pairs of drains
 (each worker drains alone, the other paused), and the figures are the summed
 rates. On a 2-core VM the same worker's drain rate varies by 15 % or more from
 one drain to the next (the pairs' quartiles show it), so the same drains are
-also measured in instructions retired per task (``perf stat``), which repeat
-within about 1 %: with the machine's CPU the limit, the throughput a no-op task
-loses is the share of instructions celery-extras adds.
+also measured in instructions retired per task (``perf stat``): the worker's
+main process's repeat within about 1 %, the whole machine's within a few per
+cent (other processes run too), and the medians of 10 drains resolve 1 %. With
+the machine's CPU the limit, the throughput a no-op task loses is the share of
+instructions celery-extras adds.
 
 """
 

@@ -13,8 +13,9 @@
   not polled while it drains). The ratio is of the summed rates; the pairs'
   ratios show the spread.
 * Instructions: during each drain ``perf stat`` counts the instructions retired
-  by the worker's main process and by the whole machine. Unlike the rates,
-  these repeat within 1 % from drain to drain, so they resolve what a few per
+  by the worker's main process and by the whole machine. Unlike the rates, the
+  main process's repeat within about 1 % from drain to drain (the whole
+  machine's within a few per cent), so their medians resolve what a few per
   cent of throughput cannot on a shared VM: with the machine's CPU the limit,
   the throughput lost is the share of instructions added.
 """
