@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.conftest import Cluster
 from tests.support import flood
-from tests.support.brokers import restartable_broker
+from tests.support.brokers import lost_in_transit, restartable_broker
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
@@ -94,13 +94,24 @@ def run_weighted_through_a_restart(
         wait_for(lambda: worker.log().count("Connected to") >= 2, timeout=90,
                  what="the worker to reconnect")  # fmt: skip
         before = len(journal)
-        wait_for(
-            lambda: {e["id"] for e in journal.entries()} >= ids,
-            timeout=120, interval=0.5, what="every task after the broker restart",
-        )  # fmt: skip
+
+        def settled() -> tuple[set[str]] | None:
+            missing = ids - {e["id"] for e in journal.entries()}
+            lost = lost_in_transit(cluster.broker, missing, worker.log())
+            return (lost,) if missing <= lost else None
+
+        (lost,) = wait_for(settled, timeout=120, interval=0.5,
+                           what="every task after the broker restart")  # fmt: skip
+        # Every task that reached the worker ran. Redis's transport may lose a message its
+        # BRPOP popped as the server stopped, before the worker had it (see the helper): one
+        # per channel, and the weighted consumer has a channel per queue.
+        assert len(lost) <= len(queues), f"more than one message in flight per queue: {lost}"
         entries = flood.runs(journal)
         after = Counter(e["queue"] for e in entries[before : before + 200])
-        print(f"\nafter the restart: next 200 = {dict(after)} (from run {before})")
+        print(
+            f"\nafter the restart: next 200 = {dict(after)} (from run {before}); "
+            f"{len(lost)} lost in the Redis transport"
+        )
         later = Counter(e["queue"] for e in entries[before + 200 :])
         assert later[queues[0]] and later[queues[1]], "a queue ran dry: measure earlier"
         assert 2.5 <= after[queues[0]] / after[queues[1]] <= 3.5, after

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Cluster
-from tests.support.brokers import restartable_broker
+from tests.support.brokers import lost_in_transit, restartable_broker
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
@@ -59,13 +59,14 @@ def run_through_a_restart(cluster: Cluster, journal: Journal, restart: Callable[
     def finished() -> Counter[str]:
         return Counter(e["id"] for e in journal.entries() if e.get("outcome") == "done")
 
+    def settled() -> tuple[Counter[str], set[str]] | None:
+        done = finished()
+        missing = expected.keys() - done.keys()
+        lost = lost_in_transit(cluster.broker, missing, worker.log())
+        return (done, lost) if missing <= lost else None
+
     try:
-        done = wait_for(
-            lambda: (d := finished()).keys() >= expected.keys() and d,
-            timeout=120,
-            interval=0.5,
-            what="every limited and retried task",
-        )
+        done, lost = wait_for(settled, timeout=120, interval=0.5, what="every task")
     except AssertionError:
         missing = {i: expected[i] for i in expected.keys() - finished().keys()}
         seen = [e for e in journal.entries() if e["id"] in missing]
@@ -73,6 +74,9 @@ def run_through_a_restart(cluster: Cluster, journal: Journal, restart: Callable[
             f"not done after the restart: {missing}; their runs: {seen}; "
             f"worker log tail:\n{worker.log()[-4000:]}"
         ) from None
+    # Every task that reached the worker ran. The Redis transport may lose the one message
+    # its BRPOP popped as the server stopped: it never reached the worker (see the helper).
+    assert len(lost) <= 1, f"more than the one message in flight lost: {lost}"
     wait_for(lambda: time.time() > journal.entries()[0]["t"] + 16, timeout=30, interval=0.5,
              what="the revoked tasks' ETA to pass")  # fmt: skip
     ran = {e["id"] for e in journal.entries()}
@@ -81,7 +85,8 @@ def run_through_a_restart(cluster: Cluster, journal: Journal, restart: Callable[
     starts = sorted(e["t"] for e in journal.entries() if e["task"] == "tests.reliability.limited")
     busiest = max(sum(1 for s in starts if t <= s < t + 1.0) for t in starts)
     duplicates = sum(n - 1 for n in done.values())
-    print(f"\n{cluster.broker.split(':')[0]}: 50 tasks done through a restart, "
+    print(f"\n{cluster.broker.split(':')[0]}: {len(done)} of 50 tasks done through a restart, "
+          f"{len(lost)} lost in the Redis transport before reaching the worker, "
           f"{duplicates} ran twice, busiest second of the 10/s limit: {busiest}")  # fmt: skip
     assert busiest <= 10 + 2  # rate + burst, before and after the restart
     assert worker.alive()
