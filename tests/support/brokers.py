@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import redis
 
 __all__ = [
     "BACKEND_URL",
@@ -18,7 +18,6 @@ __all__ = [
     "PrivateRedis",
     "Restartable",
     "SharedRabbitMQ",
-    "lost_in_transit",
     "require_broker",
     "restartable_broker",
 ]
@@ -87,6 +86,69 @@ class PrivateRedis:
         time.sleep(down_for)  # the outage itself, not a wait for a condition
         self.start()
 
+    def lost_in_transit(self) -> Counter[str]:
+        """Task ids of messages kombu's Redis transport lost on their way to a worker.
+
+        The transport pops a message with ``BRPOP`` and books it as unacked (``HSET`` by
+        delivery tag) only once the reply reaches the worker, before Celery sees it: a pop
+        answered as the server stops is never booked and never reaches the worker (kombu
+        issue 305; plain Celery alike). Read from the append-only file, which logs every
+        push, pop and booking: a pop of a delivery tag not followed by its booking.
+        """
+        queues: dict[bytes, list[tuple[str, str]]] = {}
+        popped: dict[str, str] = {}  # delivery tag -> task id, popped and not booked yet
+        lost: Counter[str] = Counter()
+        for command in _aof_commands(self.workdir / "appendonlydir"):
+            verb, key, values = command[0].upper(), command[1:2], command[2:]
+            if verb in (b"LPUSH", b"RPUSH") and key:
+                for raw in values:
+                    message = _task_message(raw)
+                    if message is None:
+                        continue
+                    queue = queues.setdefault(key[0], [])
+                    if verb == b"LPUSH":
+                        queue.insert(0, message)
+                    else:
+                        queue.append(message)
+            elif verb in (b"RPOP", b"LPOP") and key and queues.get(key[0]):
+                tag, task_id = queues[key[0]].pop() if verb == b"RPOP" else queues[key[0]].pop(0)
+                if tag in popped:  # popped before and never booked: that delivery was lost
+                    lost[popped.pop(tag)] += 1
+                popped[tag] = task_id
+            elif verb == b"HSET" and key and key[0].endswith(b"unacked") and values:
+                popped.pop(values[0].decode(), None)
+        for task_id in popped.values():
+            lost[task_id] += 1
+        return lost
+
+
+def _aof_commands(aof_dir: Path) -> Iterator[list[bytes]]:
+    """The commands of a Redis 7 multi-part append-only file's incremental parts, in order."""
+    parts = sorted(aof_dir.glob("*.incr.aof"), key=lambda f: int(f.name.split(".")[-3]))
+    for part in parts:
+        data, i = part.read_bytes(), 0
+        while i < len(data):
+            if data[i : i + 1] != b"*":  # not an array: skip the line
+                i = data.index(b"\n", i) + 1
+                continue
+            end = data.index(b"\r\n", i)
+            count, i, command = int(data[i + 1 : end]), end + 2, []
+            for _ in range(count):
+                end = data.index(b"\r\n", i)
+                length = int(data[i + 1 : end])
+                command.append(data[end + 2 : end + 2 + length])
+                i = end + 2 + length + 2
+            yield command
+
+
+def _task_message(raw: bytes) -> tuple[str, str] | None:
+    """``(delivery tag, task id)`` of a kombu Redis message, ``None`` for anything else."""
+    try:
+        message = json.loads(raw)
+        return message["properties"]["delivery_tag"], message["headers"]["id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
 
 class SharedRabbitMQ:
     """The shared RabbitMQ's application, stopped and started (durable queues and persistent
@@ -115,6 +177,10 @@ class SharedRabbitMQ:
         time.sleep(down_for)  # the outage itself, not a wait for a condition
         self.start()
 
+    def lost_in_transit(self) -> Counter[str]:
+        """None: a RabbitMQ message is the broker's until it is acked."""
+        return Counter()
+
 
 Restartable = PrivateRedis | SharedRabbitMQ
 
@@ -137,32 +203,3 @@ def restartable_broker(kind: str, workdir: Path) -> Iterator[Restartable]:
         yield server
     finally:
         server.stop()
-
-
-def lost_in_transit(broker_url: str, missing: Iterable[str], worker_logs: str) -> set[str]:
-    """Of the *missing* task ids, those kombu's Redis transport lost on its way to a worker.
-
-    The transport pops a message with ``BRPOP`` before the worker has it and books it as
-    unacked only once the reply arrives: a pop answered as the server stops never reaches
-    the worker, and the message is gone (kombu issue 305; plain Celery alike). Such an id
-    was never logged as received by a worker and is in no list or hash of the broker any
-    more. RabbitMQ has no such window: there, nothing counts as lost in transit.
-    """
-    if not broker_url.startswith("redis"):
-        return set()
-    candidates = {i for i in missing if f"[{i}] received" not in worker_logs}
-    if not candidates:
-        return set()
-    client = redis.Redis.from_url(broker_url)
-    try:
-        held = []
-        for key in client.scan_iter(count=1000):
-            kind = client.type(key)
-            if kind == b"list":
-                held.extend(client.lrange(key, 0, -1))
-            elif kind == b"hash":
-                held.extend(client.hvals(key))
-    finally:
-        client.close()
-    everything = b"\n".join(v for v in held if isinstance(v, bytes))
-    return {i for i in candidates if i.encode() not in everything}
