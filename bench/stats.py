@@ -148,9 +148,11 @@ class Instructions:
         return probe.returncode == 0 and "not supported" not in probe.stderr
 
     def __enter__(self) -> Instructions:
-        self._out = tempfile.NamedTemporaryFile(prefix="perf-", suffix=".csv", delete=False)
+        fd, name = tempfile.mkstemp(prefix="perf-", suffix=".csv")
+        os.close(fd)  # perf writes the file itself; only its name is needed
+        self._out = Path(name)
         self._perf = subprocess.Popen(
-            ["perf", "stat", "-x,", "-e", "instructions", *self.target, "-o", self._out.name],
+            ["perf", "stat", "-x,", "-e", "instructions", *self.target, "-o", name],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(0.2)  # perf attaches before the work starts
@@ -159,8 +161,8 @@ class Instructions:
     def __exit__(self, *exc: object) -> None:
         self._perf.send_signal(signal.SIGINT)
         self._perf.wait(30)
-        lines = Path(self._out.name).read_text().strip().splitlines()
-        Path(self._out.name).unlink()
+        lines = self._out.read_text().strip().splitlines()
+        self._out.unlink()
         try:
             self.count = int(lines[-1].split(",")[0])
         except (IndexError, ValueError):  # "<not counted>" or no output
