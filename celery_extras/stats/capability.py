@@ -7,7 +7,7 @@ from typing import Any
 from ..capability import Capability
 from ..settings import Setting, boolean, number, reject
 from .emitter import StatsEmitter
-from .recording import StatsRecording
+from .recording import StatsRecording, TaskCounting
 from .timewheel import minute_wheel
 
 __all__ = ["STATS", "windows"]
@@ -69,5 +69,5 @@ STATS = Capability(
         ),
     ),
     worker_steps=(StatsRecording,),
-    consumer_steps=(StatsEmitter,),
+    consumer_steps=(TaskCounting, StatsEmitter),
 )

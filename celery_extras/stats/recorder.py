@@ -2,7 +2,8 @@
 
 A :class:`Recorder` keeps one :func:`~.timewheel.minute_wheel` per task name and
 counts the events of the stats contract in it (:data:`COUNTERS`). Recording is a
-dict lookup and a list increment, lock-free: the worker calls it from one thread.
+clock reading, a dict lookup and a list increment, lock-free: the worker calls it
+from one thread.
 :class:`LockedRecorder` is the same behind a lock, for pools whose callbacks run
 in several threads. At most ``max_tasks`` names get their own wheel; events of
 further names are counted under :data:`OTHER` so foreign messages cannot grow
@@ -11,12 +12,13 @@ memory without bound.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .timewheel import Clock, TimeWheel, minute_wheel
+from .timewheel import Bucket, Clock, TimeWheel, minute_wheel
 
 __all__ = [
     "COUNTERS",
@@ -53,7 +55,12 @@ OTHER = "<other>"
 
 
 class Recorder:
-    """Counts per task name on time wheels; :meth:`snapshot` gives the contract's figures."""
+    """Counts per task name on time wheels; :meth:`snapshot` gives the contract's figures.
+
+    Within one round (bucket width) of the wheels, a name's current bucket is
+    remembered, so recording an event is one clock reading, one comparison and
+    one dict lookup; the first event of a name in a round finds its bucket.
+    """
 
     def __init__(
         self,
@@ -67,10 +74,27 @@ class Recorder:
         self.max_tasks = max_tasks
         self._make_wheel = wheel
         self._wheels: dict[str, TimeWheel] = {}
+        self._width = wheel(len(COUNTERS), clock).width
+        self._round_end = -math.inf  # when the clock reaches it, the buckets below are stale
+        self._buckets: dict[Any, Bucket] = {}  # name -> its wheel's bucket of this round
+
+    def _bucket(self, name: Any, now: float) -> Bucket:
+        """*name*'s bucket of now: the round's, or found on its wheel (made if new)."""
+        if now >= self._round_end:
+            self._round_end = (math.floor(now / self._width) + 1) * self._width
+            self._buckets.clear()
+        bucket = self._buckets.get(name)
+        if bucket is None:
+            key = name if isinstance(name, str) else str(name)[:200]
+            wheel = self._wheels.get(key)
+            if wheel is None and len(self._wheels) >= self.max_tasks:
+                return self._wheel(OTHER).current(now)  # not remembered: names are unbounded
+            if wheel is None:
+                wheel = self._wheel(key)
+            bucket = self._buckets[name] = wheel.current(now)
+        return bucket
 
     def _wheel(self, name: str) -> TimeWheel:
-        if len(self._wheels) >= self.max_tasks:
-            name = OTHER
         wheel = self._wheels.get(name)
         if wheel is None:
             wheel = self._wheels[name] = self._make_wheel(len(COUNTERS), self.clock)
@@ -78,17 +102,24 @@ class Recorder:
 
     def count(self, name: str, counter: int, n: int = 1) -> None:
         """Add *n* to *counter* (an index into :data:`COUNTERS`) of task *name*, now."""
-        wheel = self._wheels.get(name)
-        if wheel is None:
-            wheel = self._wheel(name)
-        wheel.add(counter, n)
+        now = self.clock()
+        bucket = self._buckets.get(name) if now < self._round_end else None
+        if bucket is None:
+            bucket = self._bucket(name, now)
+        bucket.counts[counter] += n
+
+    def succeeded(self, name: str, seconds: float) -> None:
+        """Count a success of task *name* whose run took *seconds*."""
+        now = self.clock()
+        bucket = self._buckets.get(name) if now < self._round_end else None
+        if bucket is None:
+            bucket = self._bucket(name, now)
+        bucket.counts[SUCCEEDED] += 1
+        bucket.add_runtime(seconds)
 
     def runtime(self, name: str, seconds: float) -> None:
         """Record that a run of task *name* took *seconds*."""
-        wheel = self._wheels.get(name)
-        if wheel is None:
-            wheel = self._wheel(name)
-        wheel.add_runtime(seconds)
+        self._bucket(name, self.clock()).add_runtime(seconds)
 
     def names(self) -> list[str]:
         return sorted(self._wheels)
@@ -132,6 +163,10 @@ class LockedRecorder(Recorder):
     def count(self, name: str, counter: int, n: int = 1) -> None:
         with self._lock:
             super().count(name, counter, n)
+
+    def succeeded(self, name: str, seconds: float) -> None:
+        with self._lock:
+            super().succeeded(name, seconds)
 
     def runtime(self, name: str, seconds: float) -> None:
         with self._lock:

@@ -1,17 +1,17 @@
-"""Worker step that counts what the worker's main process sees, into a :class:`Recorder`.
+"""Worker steps that count what the worker's main process sees, into a :class:`Recorder`.
 
 Where each counter comes from (all in the main process, for every pool):
 
-* ``received``: Celery's ``task_received`` signal (sent by the task strategy).
+* ``received``: each message handed to its task's strategy
+  (:func:`~.counting.counting_strategy`).
+* ``started``, ``succeeded``, ``failed``, ``retried`` and runtimes, and ``rejected``
+  for a task raising :class:`~celery.exceptions.Reject` or lost with
+  ``reject_on_worker_lost``: the request's pool callbacks
+  (:class:`~.counting.RequestCounting`).
 * ``revoked``: ``task_revoked`` (discarded at receipt or execution, or terminated).
 * ``rate_limited``: :data:`celery_extras.signals.task_rate_limited`.
-* ``rejected``: a task raising :class:`~celery.exceptions.Reject`, a lost worker
-  with ``reject_on_worker_lost``, and ``task_unknown``/``task_rejected`` messages.
-* ``started``, ``succeeded``, ``failed``, ``retried`` and runtimes: the callbacks
-  the pool calls for each request (accepted, result, error). The step wraps the
-  pool's ``apply_async`` to see them, so it composes with any ``Task.Request``
-  class, any ``Task.Strategy`` and any task consumer that dispatches through the
-  worker's strategies.
+* ``rejected`` too: messages of unknown tasks (``task_unknown``) and messages Celery
+  cannot take as tasks (``task_rejected``).
 
 None of this depends on ``task_events``.
 """
@@ -23,120 +23,19 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, bootsteps, signals
-from celery.exceptions import Ignore, Reject, Retry, Terminated, WorkerLostError
-from celery.worker.request import Request
+from celery.concurrency.thread import TaskPool as ThreadPool
+from celery.worker.consumer.tasks import Tasks
 
 from ..signals import task_rate_limited
-from .recorder import (
-    FAILED,
-    RATE_LIMITED,
-    RECEIVED,
-    REJECTED,
-    RETRIED,
-    REVOKED,
-    STARTED,
-    SUCCEEDED,
-    LockedRecorder,
-    Recorder,
-)
+from .counting import RequestCounting, counting_strategy
+from .recorder import RATE_LIMITED, REJECTED, REVOKED, LockedRecorder, Recorder
 
-__all__ = ["INVALID", "StatsRecording", "track_pool"]
+__all__ = ["INVALID", "StatsRecording", "TaskCounting"]
 
 logger = logging.getLogger(__name__)
 
-#: Name under which messages that are not tasks at all (``task_rejected``) are counted.
+#: Name under which messages naming no task (``task_rejected``) are counted.
 INVALID = "<invalid>"
-
-
-def _exception(exc_info: Any) -> BaseException | None:
-    exc = getattr(exc_info, "exception", None)
-    inner = getattr(exc, "exc", None)  # billiard's ExceptionWithTraceback
-    if isinstance(inner, BaseException):
-        return inner
-    return exc if isinstance(exc, BaseException) else None
-
-
-class _Outcome:
-    """The pool callbacks of one request, counting before handing over to Celery's."""
-
-    __slots__ = ("accepted", "errored", "name", "recorder", "request", "returned")
-
-    def __init__(self, recorder: Recorder, request: Request, options: dict[str, Any]) -> None:
-        self.recorder = recorder
-        self.request = request
-        self.name: str = request.name
-        self.accepted: Callable[..., Any] | None = options.get("accept_callback")
-        self.returned: Callable[..., Any] = options["callback"]
-        self.errored: Callable[..., Any] | None = options.get("error_callback")
-
-    def on_accepted(self, *args: Any, **kwargs: Any) -> Any:
-        self.recorder.count(self.name, STARTED)
-        if self.accepted is not None:
-            return self.accepted(*args, **kwargs)
-        return None
-
-    def on_returned(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
-        try:
-            failed, retval, runtime = failed__retval__runtime
-            if not failed:
-                self.recorder.count(self.name, SUCCEEDED)
-                if isinstance(runtime, int | float):
-                    self.recorder.runtime(self.name, runtime)
-            else:
-                self._count_failure(_exception(retval))
-        except Exception:  # never let counting break Celery's own handling
-            logger.exception("celery-extras stats: could not count the outcome of %s", self.name)
-        return self.returned(failed__retval__runtime, **kwargs)
-
-    def on_error(self, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            exc = _exception(exc_info)
-            if not isinstance(exc, Terminated):  # revoked with terminate: task_revoked counts it
-                task = self.request.task
-                if isinstance(exc, WorkerLostError) and task.acks_late:
-                    lost_rejects = task.reject_on_worker_lost
-                    self.recorder.count(self.name, REJECTED if lost_rejects else FAILED)
-                else:
-                    self._count_failure(exc)
-        except Exception:
-            logger.exception("celery-extras stats: could not count the failure of %s", self.name)
-        if self.errored is not None:
-            return self.errored(exc_info, *args, **kwargs)
-        return None
-
-    def _count_failure(self, exc: BaseException | None) -> None:
-        if isinstance(exc, Retry):
-            self.recorder.count(self.name, RETRIED)
-        elif isinstance(exc, Reject):
-            self.recorder.count(self.name, REJECTED)
-        elif isinstance(exc, Ignore | SystemExit | KeyboardInterrupt):
-            return
-        else:
-            self.recorder.count(self.name, FAILED)
-
-
-def track_pool(pool: Any, recorder: Recorder) -> Callable[[], None]:
-    """Wrap *pool*'s ``apply_async`` to count each request's outcome; return the undo."""
-    apply_async = pool.apply_async
-
-    def tracked_apply_async(
-        target: Any, args: Any = None, kwargs: Any = None, **options: Any
-    ) -> Any:
-        request = getattr(options.get("callback"), "__self__", None)
-        if isinstance(request, Request):
-            outcome = _Outcome(recorder, request, options)
-            options["accept_callback"] = outcome.on_accepted
-            options["callback"] = outcome.on_returned
-            options["error_callback"] = outcome.on_error
-        return apply_async(target, args, kwargs, **options)
-
-    pool.apply_async = tracked_apply_async
-
-    def undo() -> None:
-        if pool.__dict__.get("apply_async") is tracked_apply_async:
-            del pool.apply_async
-
-    return undo
 
 
 class _Receivers:
@@ -147,7 +46,6 @@ class _Receivers:
         self.recorder = recorder
         uid = f"celery_extras.stats.{id(self)}"
         self.connections = [
-            (signals.task_received, self.on_received, f"{uid}.received"),
             (signals.task_revoked, self.on_revoked, f"{uid}.revoked"),
             (signals.task_unknown, self.on_unknown, f"{uid}.unknown"),
             (signals.task_rejected, self.on_rejected, f"{uid}.rejected"),
@@ -162,10 +60,6 @@ class _Receivers:
         for signal, receiver, uid in self.connections:
             signal.disconnect(receiver, dispatch_uid=uid)
 
-    def on_received(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
-        if getattr(sender, "app", None) is self.app and request is not None:
-            self.recorder.count(request.name, RECEIVED)
-
     def on_revoked(self, sender: Any = None, **kwargs: Any) -> None:
         if getattr(sender, "app", None) is self.app:
             self.recorder.count(sender.name, REVOKED)
@@ -174,9 +68,11 @@ class _Receivers:
         if getattr(sender, "app", None) is self.app:
             self.recorder.count(str(name)[:200], REJECTED)
 
-    def on_rejected(self, sender: Any = None, **kwargs: Any) -> None:
+    def on_rejected(self, sender: Any = None, message: Any = None, **kwargs: Any) -> None:
         if getattr(sender, "app", None) is self.app:
-            self.recorder.count(INVALID, REJECTED)
+            headers = getattr(message, "headers", None)
+            name = headers.get("task") if isinstance(headers, dict) else None
+            self.recorder.count(name if isinstance(name, str) else INVALID, REJECTED)
 
     def on_rate_limited(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         app = getattr(request, "app", None) if request is not None else None
@@ -185,10 +81,11 @@ class _Receivers:
 
 
 class StatsRecording(bootsteps.StartStopStep):
-    """Counts received/started/.../rate-limited per task name in the worker's main process.
+    """Keeps the worker's :class:`Recorder` and counts what arrives by signal.
 
-    Sets ``worker.extras_stats`` to the :class:`Recorder` (a locked one when pool
-    callbacks may run in other threads: no event loop, e.g. threads, gevent, eventlet).
+    Sets ``worker.extras_stats`` to the recorder: a locked one when pool callbacks
+    may run in other threads than the consumer's (the threads pool, or no event
+    loop: gevent, eventlet, or a transport without one).
     """
 
     label = "extras-stats"
@@ -200,27 +97,65 @@ class StatsRecording(bootsteps.StartStopStep):
         settings = settings_of(w.app)
         self.enabled = bool(settings["stats_enabled"])
         self.max_tasks: int = settings["stats_max_tasks"]
-        self._undo: Callable[[], None] | None = None
         self._receivers: _Receivers | None = None
         w.extras_stats = None
         super().__init__(w, **kwargs)
 
     def create(self, w: Any) -> None:
-        recorder_cls = Recorder if w.use_eventloop else LockedRecorder
+        threaded = not w.use_eventloop or isinstance(w.pool, ThreadPool)
+        recorder_cls = LockedRecorder if threaded else Recorder
         w.extras_stats = recorder_cls(max_tasks=self.max_tasks)
 
     def start(self, w: Any) -> None:
-        recorder: Recorder = w.extras_stats
-        self._undo = track_pool(w.pool, recorder)
-        self._receivers = _Receivers(w.app, recorder)
+        self._receivers = _Receivers(w.app, w.extras_stats)
         self._receivers.connect()
 
     def stop(self, w: Any) -> None:
         if self._receivers is not None:
             self._receivers.disconnect()
             self._receivers = None
-        if self._undo is not None:
-            self._undo()
-            self._undo = None
 
     shutdown = stop
+
+
+class TaskCounting(bootsteps.StartStopStep):
+    """Counts each task message as received and each request's outcome, on the consumer.
+
+    Wraps the consumer's ``on_task_request`` once (before the strategies take it)
+    and, while the consumer runs, the strategies Celery built at its start.
+    """
+
+    label = "extras-stats-counting"
+    requires = (Tasks,)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        controller = getattr(c, "controller", None)
+        self.recorder: Recorder | None = getattr(controller, "extras_stats", None)
+        self.enabled = self.recorder is not None
+        self.requests: RequestCounting | None = None
+        self._on_task_request: Callable[[Any], Any] | None = None
+        self._strategies: dict[str, Any] = {}
+        super().__init__(c, **kwargs)
+
+    def create(self, c: Any) -> None:
+        assert self.recorder is not None
+        self.requests = RequestCounting(self.recorder)
+        self._on_task_request = c.on_task_request
+        c.on_task_request = self.requests.wrap(c.on_task_request)
+
+    def start(self, c: Any) -> None:
+        assert self.recorder is not None and self.requests is not None
+        self.requests.forget()  # the request classes of the strategies Celery replaced
+        self._strategies = dict(c.strategies)
+        for name, strategy in self._strategies.items():
+            c.strategies[name] = counting_strategy(name, strategy, self.recorder)
+
+    def stop(self, c: Any) -> None:
+        c.strategies.update(self._strategies)
+        self._strategies = {}
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
+        if self._on_task_request is not None:
+            c.on_task_request = self._on_task_request
+            self._on_task_request = None

@@ -52,6 +52,11 @@ class Bucket:
             counts[i] = 0
         self.runtime = None
 
+    def add_runtime(self, seconds: float) -> None:
+        if self.runtime is None:
+            self.runtime = Histogram()
+        self.runtime.add(seconds)
+
     def absorb(self, other: Bucket) -> None:
         counts = self.counts
         for i, n in enumerate(other.counts):
@@ -122,23 +127,25 @@ class TimeWheel:
             self.coarse.absorb(math.floor(bucket.round * self.width / self.coarse.width), bucket)
         bucket.reset(round_)
 
-    def add(self, counter: int, n: int = 1) -> None:
-        """Add *n* to counter number *counter* in the bucket of now."""
-        round_ = math.floor(self.clock() / self.width)
+    def current(self, now: float) -> Bucket:
+        """The bucket of time *now* (a reading of :attr:`clock`), reset first if it is stale.
+
+        It stays the bucket of now until the clock enters the next round, so a
+        caller that writes many events in one round may keep it that long.
+        """
+        round_ = math.floor(now / self.width)
         bucket = self._ring[round_ % self._size]
         if bucket.round != round_:
             self._turn(bucket, round_)
-        bucket.counts[counter] += n
+        return bucket
+
+    def add(self, counter: int, n: int = 1) -> None:
+        """Add *n* to counter number *counter* in the bucket of now."""
+        self.current(self.clock()).counts[counter] += n
 
     def add_runtime(self, seconds: float) -> None:
         """Record one runtime in the bucket of now."""
-        round_ = math.floor(self.clock() / self.width)
-        bucket = self._ring[round_ % self._size]
-        if bucket.round != round_:
-            self._turn(bucket, round_)
-        if bucket.runtime is None:
-            bucket.runtime = Histogram()
-        bucket.runtime.add(seconds)
+        self.current(self.clock()).add_runtime(seconds)
 
     def absorb(self, round_: int, content: Bucket) -> None:
         """Fold a finer wheel's bucket into this wheel's bucket of *round_*."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -131,3 +133,26 @@ def test_disconnected_receivers_count_nothing(
 def test_counter_indices_match_the_contract_order() -> None:
     assert COUNTERS[RECEIVED] == "received"
     assert COUNTERS[RATE_LIMITED] == "rate_limited"
+
+
+def test_counts_across_rounds_equal_an_exact_count_of_the_events() -> None:
+    """The recorder remembers each name's bucket for one round: at every boundary, after
+    idle gaps longer than the wheel, and for the name cap, its windows hold exactly
+    the events of their seconds."""
+    rng = random.Random(7)
+    clock = FakeClock(5000.0)
+    rec = Recorder(clock, max_tasks=4)
+    events: list[tuple[float, str]] = []
+    for _ in range(3000):
+        clock.now += rng.choice([0.0, 0.001, 0.3, 0.999, 1.0, 2.5, 70.0])
+        name = f"t{rng.randrange(6)}"
+        rec.count(name, RECEIVED)
+        events.append((clock.now, name))
+        if rng.random() < 0.02:
+            owner = name if name in rec.names() else OTHER
+            now = math.floor(clock.now)
+            for window in (1, 10, 60):
+                got = rec.snapshot([window])["tasks"].get(owner, {}).get("received", [0])[0]
+                names = {owner} if owner != OTHER else {n for _, n in events} - set(rec.names())
+                want = sum(1 for t, n in events if n in names and now - window <= t < now)
+                assert got == want, (clock.now, owner, window)

@@ -1,0 +1,156 @@
+"""Counting a worker's tasks where its main process handles them: strategies and requests.
+
+Two seams, both on the worker's consumer, neither touching a task:
+
+* :func:`counting_strategy` wraps a task's strategy (an entry of the consumer's
+  ``strategies``) to count ``received`` as each message reaches it, where Celery
+  logs "Task ... received".
+* :class:`RequestCounting` wraps the consumer's ``on_task_request``, through which
+  every request goes to the pool (from the strategy, the ETA and rate-limit timers,
+  and the limits of :mod:`celery_extras.policies`). It gives the request a subclass
+  of its own class whose pool callbacks (``on_accepted``, ``on_success``,
+  ``on_failure``) count ``started``, ``succeeded`` with the runtime, ``failed``,
+  ``retried`` and ``rejected`` before calling the request's own. Swapping the class
+  allocates nothing per request, so the hooks cost a few hundred nanoseconds, and
+  any ``Task.Request`` class keeps its behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery.exceptions import Ignore, Reject, Retry, Terminated, WorkerLostError
+from celery.worker.request import Request
+
+from .recorder import FAILED, RECEIVED, REJECTED, RETRIED, STARTED, SUCCEEDED, Recorder
+
+__all__ = ["RequestCounting", "counting_strategy"]
+
+logger = logging.getLogger(__name__)
+
+Strategy = Callable[..., Any]
+
+
+def counting_strategy(name: str, strategy: Strategy, recorder: Recorder) -> Strategy:
+    """*strategy* of task *name*, counting each message it is handed as received.
+
+    A message of a revoked or expired task is received (and then revoked), a
+    malformed one received (and then rejected); a shadow name counts as the
+    request will (Celery names the request after it).
+    """
+    count = recorder.count
+
+    def receive(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> Any:
+        count(message.headers.get("shadow") or name, RECEIVED)
+        return strategy(message, body, ack, reject, callbacks, **kw)
+
+    return receive
+
+
+def _exception(exc_info: Any) -> BaseException | None:
+    exc = getattr(exc_info, "exception", None)
+    inner = getattr(exc, "exc", None)  # billiard's ExceptionWithTraceback
+    if isinstance(inner, BaseException):
+        return inner
+    return exc if isinstance(exc, BaseException) else None
+
+
+def _failure_counter(request: Any, exc: BaseException | None) -> int | None:
+    """The counter of a request that ended in *exc*, or ``None`` when it counts elsewhere."""
+    if isinstance(exc, Terminated):  # revoked with terminate: task_revoked counts it
+        return None
+    if isinstance(exc, WorkerLostError) and request.task.acks_late:
+        return REJECTED if request.task.reject_on_worker_lost else FAILED
+    if isinstance(exc, Retry):
+        return RETRIED
+    if isinstance(exc, Reject):
+        return REJECTED
+    if isinstance(exc, Ignore | SystemExit | KeyboardInterrupt):
+        return None
+    return FAILED
+
+
+def _counting_class(base: type[Request], recorder: Recorder) -> type[Request]:
+    """A subclass of request class *base* whose pool callbacks count into *recorder*."""
+    count, succeeded = recorder.count, recorder.succeeded
+    base_accepted, base_success, base_failure = base.on_accepted, base.on_success, base.on_failure
+
+    def on_accepted(self: Any, pid: Any, time_accepted: Any) -> Any:
+        count(self.name, STARTED)
+        return base_accepted(self, pid, time_accepted)
+
+    def on_success(self: Any, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        # a failure goes on to on_failure, which counts it
+        try:
+            failed, _, runtime = failed__retval__runtime
+            if not failed:
+                if isinstance(runtime, (int, float)):
+                    succeeded(self.name, runtime)
+                else:
+                    count(self.name, SUCCEEDED)
+        except Exception:  # never let counting break Celery's own handling
+            logger.exception("celery-extras stats: could not count the outcome of %s", self.name)
+        return base_success(self, failed__retval__runtime, **kwargs)
+
+    def on_failure(self: Any, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            counter = _failure_counter(self, _exception(exc_info))
+            if counter is not None:
+                count(self.name, counter)
+        except Exception:
+            logger.exception("celery-extras stats: could not count the failure of %s", self.name)
+        return base_failure(self, exc_info, *args, **kwargs)
+
+    namespace = {
+        "__slots__": (),
+        "__module__": base.__module__,
+        "__doc__": base.__doc__,
+        "on_accepted": on_accepted,
+        "on_success": on_success,
+        "on_failure": on_failure,
+    }
+    counting: type[Request] = type(base.__name__, (base,), namespace)
+    return counting
+
+
+class RequestCounting:
+    """Gives each request a counting subclass of its class on its way to the pool.
+
+    One subclass per request class, made on first use; :meth:`forget` drops them
+    when the consumer rebuilds its strategies (and so their request classes).
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self._classes: dict[type[Request], type[Request]] = {}
+
+    def forget(self) -> None:
+        self._classes.clear()
+
+    def _class_for(self, cls: type[Request]) -> type[Request]:
+        counting = _counting_class(cls, self.recorder)
+        self._classes[cls] = counting
+        self._classes[counting] = counting  # a request handed to the pool again
+        return counting
+
+    def wrap(self, on_task_request: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """*on_task_request*, first making the request count its outcome."""
+        classes = self._classes
+
+        def counted_task_request(request: Any) -> Any:
+            cls = request.__class__
+            counting = classes.get(cls)
+            if counting is None:
+                counting = self._class_for(cls)
+            try:
+                request.__class__ = counting
+            except TypeError:  # a request class whose layout forbids it: not counted
+                logger.warning(
+                    "celery-extras stats: cannot count requests of class %r", cls, exc_info=True
+                )
+                classes[cls] = cls
+            return on_task_request(request)
+
+        return counted_task_request
