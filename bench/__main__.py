@@ -26,11 +26,10 @@ run, and writes this table. "runs" is how many repetitions the median is over;
 for the no-op throughput rows it is the number of alternating pairs of drains
 (each worker drains alone, the other paused), and the figures are the summed
 rates. On a 2-core VM the same worker's drain rate varies by 15 % or more from
-one drain to the next (the pairs' quartiles show it), so the same drains are
-also measured in instructions retired per task (``perf stat``): the worker's
-main process's repeat within about 1 %, the whole machine's within a few per
-cent (other processes run too), and the medians of 10 drains resolve 1 %. With
-the machine's CPU the limit, the throughput a no-op task loses is the share of
+one drain to the next (the pairs' quartiles show it), so the no-op task is also
+measured in instructions its worker's main process retires per task, counted by
+callgrind (valgrind): those repeat whatever else the machine does. With the main
+process the limit, the throughput a no-op task loses is the share of
 instructions celery-extras adds.
 
 """

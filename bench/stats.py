@@ -2,8 +2,8 @@
 
 * Recording: ``Recorder.count`` over 100 task names, median of many batches.
 * Hooks: what the stats hooks add to one task's path in the worker's main
-  process (the ``task_received`` receiver, the pool callbacks wrapped to count
-  start, success and runtime), timed in-process with and without them.
+  process (the counting strategy wrapper, the request's counting class and its
+  accepted and success callbacks), timed in-process with and without them.
 * Throughput: two prefork workers (concurrency 2), plain Celery and
   celery-extras (every capability installed, no policy on the task), started
   once and warmed. In each of :data:`PAIRS` pairs of drains, a backlog of no-op
@@ -12,20 +12,20 @@
   the order alternates. The drain ends on the last task's result (the worker is
   not polled while it drains). The ratio is of the summed rates; the pairs'
   ratios show the spread.
-* Instructions: during each drain ``perf stat`` counts the instructions retired
-  by the worker's main process and by the whole machine. Unlike the rates, the
-  main process's repeat within about 1 % from drain to drain (the whole
-  machine's within a few per cent), so their medians resolve what a few per
-  cent of throughput cannot on a shared VM: with the machine's CPU the limit,
-  the throughput lost is the share of instructions added.
+* Instructions: the same no-op tasks drained by a worker whose main process runs
+  under ``valgrind --tool=callgrind``, instrumented only while it drains. Unlike
+  rates, instruction counts repeat whatever else the VM does, so they resolve
+  what a few per cent of throughput cannot here: with the main process the
+  limit, the throughput lost is the share of instructions added. Under valgrind
+  the worker runs about 50 times slower, so its time-driven work (heartbeats,
+  stats events, sync timers) falls on far fewer tasks than in real time; it is
+  counted while the worker idles, and its rate times the drain's length is
+  taken off, leaving the work per task.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
@@ -35,13 +35,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from celery import Celery, signals
+from celery import Celery
+from celery.result import AsyncResult
 from celery.worker.request import Request
 
+from celery_extras.stats.counting import RequestCounting, counting_strategy
 from celery_extras.stats.recorder import RECEIVED, Recorder
-from celery_extras.stats.recording import _Receivers, track_pool
 from tests.support import proj
 from tests.support.brokers import BROKERS, require_broker
 from tests.support.workers import WorkerProcess, wait_for
@@ -52,10 +54,13 @@ __all__ = ["measure"]
 
 TASK = "tests.stats.succeeds"
 INCLUDE = ("tests.support.tasks_stats",)
-PAIRS = 10
+PAIRS = 40
 #: Tasks per drain, a few seconds' work on each broker.
 BACKLOG = {"redis": 1500, "rabbitmq": 3000}
 WARM_UP = 200
+#: Tasks drained under callgrind, and seconds it counts the idle worker's background.
+COUNTED = 1000
+IDLE_SECONDS = 5.0
 
 
 def record_cost_us(names: int = 100, batches: int = 300, per_batch: int = 1000) -> float:
@@ -83,90 +88,47 @@ class _Request(Request):
 
     name = "bench.noop"
 
-    def on_accepted(self, *args: Any, **kwargs: Any) -> None:
+    def on_accepted(self, pid: Any, time_accepted: Any) -> None:
         pass
 
-    def on_success(self, *args: Any, **kwargs: Any) -> None:
+    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> None:
         pass
 
-    def on_failure(self, *args: Any, **kwargs: Any) -> None:
+    def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> None:
         pass
-
-
-class _Pool:
-    """A pool that runs nothing and calls back at once, as the real one does later."""
-
-    def apply_async(self, target: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        options["accept_callback"](os.getpid(), 0.0)
-        options["callback"]((False, None, 0.001))
 
 
 def hook_cost_us(number: int = 200_000, repeat: int = 5) -> tuple[float, float]:
-    """One task's main-process path through the stats hooks: (without, with) them, in us."""
-    app = Celery("bench-hooks", set_as_current=False)
-    consumer = type("Consumer", (), {"app": app})()
-    request, pool = _Request(), _Pool()
+    """One task's main-process path through the stats hooks: (without, with) them, in us.
 
-    def one_task() -> None:
-        signals.task_received.send(sender=consumer, request=request)
-        pool.apply_async(
-            None, accept_callback=request.on_accepted, callback=request.on_success,
-            error_callback=request.on_failure,
-        )  # fmt: skip
+    The path: the message handed to the task's strategy, the request handed to the
+    pool (``on_task_request``), then the pool's accepted and success callbacks.
+    """
+    message = SimpleNamespace(headers={"task": _Request.name})
 
-    def best(fn: Callable[[], None]) -> float:
-        return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+    def strategy(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any) -> None:
+        pass
 
-    without = best(one_task)
+    def on_task_request(request: Any) -> None:
+        pass
+
+    def path(strategy: Callable[..., None], on_task_request: Callable[[Any], None]) -> float:
+        def one_task() -> None:
+            strategy(message, None, None, None, None)
+            request = _Request()
+            on_task_request(request)
+            request.on_accepted(1, 0.0)
+            request.on_success((False, None, 0.001))
+
+        return min(timeit.repeat(one_task, number=number, repeat=repeat)) / number * 1e6
+
+    without = path(strategy, on_task_request)
     recorder = Recorder()
-    receivers = _Receivers(app, recorder)
-    receivers.connect()
-    undo = track_pool(pool, recorder)
-    try:
-        with_hooks = best(one_task)
-    finally:
-        undo()
-        receivers.disconnect()
+    with_hooks = path(
+        counting_strategy(_Request.name, strategy, recorder),
+        RequestCounting(recorder).wrap(on_task_request),
+    )
     return without, with_hooks
-
-
-class Instructions:
-    """Instructions retired while the ``with`` block runs, counted by ``perf stat``: by
-    process *pid*, or with ``None`` by the whole machine. ``count`` stays ``None`` when
-    perf cannot count here."""
-
-    def __init__(self, pid: int | None) -> None:
-        self.target = ["-p", str(pid)] if pid is not None else ["-a"]
-        self.count: int | None = None
-
-    @staticmethod
-    def available() -> bool:
-        if shutil.which("perf") is None:
-            return False
-        probe = subprocess.run(["perf", "stat", "-x,", "-e", "instructions", "true"],
-                               capture_output=True, text=True)  # fmt: skip
-        return probe.returncode == 0 and "not supported" not in probe.stderr
-
-    def __enter__(self) -> Instructions:
-        fd, name = tempfile.mkstemp(prefix="perf-", suffix=".csv")
-        os.close(fd)  # perf writes the file itself; only its name is needed
-        self._out = Path(name)
-        self._perf = subprocess.Popen(
-            ["perf", "stat", "-x,", "-e", "instructions", *self.target, "-o", name],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        time.sleep(0.2)  # perf attaches before the work starts
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._perf.send_signal(signal.SIGINT)
-        self._perf.wait(30)
-        lines = self._out.read_text().strip().splitlines()
-        self._out.unlink()
-        try:
-            self.count = int(lines[-1].split(",")[0])
-        except (IndexError, ValueError):  # "<not counted>" or no output
-            self.count = None
 
 
 def _total(app: Celery, worker: WorkerProcess) -> int:
@@ -184,13 +146,9 @@ class Drainer:
     plain: bool
     logdir: Path
     ns: str = field(default_factory=lambda: f"b{uuid.uuid4().hex[:10]}")
-    count_instructions: bool = False
     done: int = 0
     seconds: float = 0.0
     rates: list[float] = field(default_factory=list)
-    #: Instructions per task of each drain: the worker's main process, the whole machine.
-    main_instructions: list[float] = field(default_factory=list)
-    machine_instructions: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         conf = {"worker_prefetch_multiplier": 16}
@@ -199,41 +157,37 @@ class Drainer:
         name = "plain" if self.plain else "extras"
         self.worker = WorkerProcess(name, env, self.logdir / f"{self.ns}.log", concurrency=2)
 
-    def start(self) -> None:
-        self.worker.start()
+    def start(self, timeout: float = 60.0) -> None:
+        self.worker.start(timeout=timeout)
         for i in range(WARM_UP):  # the pool's processes and both sides' connections warm
             self.app.send_task(TASK, args=(i,), ignore_result=True)
-        wait_for(lambda: _total(self.app, self.worker) >= WARM_UP, timeout=60, what="warm-up")
+        wait_for(lambda: _total(self.app, self.worker) >= WARM_UP, timeout=timeout, what="warm-up")
         self._consume(False)
 
     def _consume(self, on: bool) -> None:
         command = self.app.control.add_consumer if on else self.app.control.cancel_consumer
         command(self.ns, destination=[self.worker.hostname], reply=True, timeout=5)
 
-    def drain(self, tasks: int, other: WorkerProcess) -> None:
+    def queue(self, tasks: int) -> AsyncResult:
+        """Queue *tasks* no-op tasks while the worker does not consume; the last one's result."""
         for i in range(tasks - 1):
             self.app.send_task(TASK, args=(i,), ignore_result=True)
-        last = self.app.send_task(TASK, args=("last",))
+        return self.app.send_task(TASK, args=("last",))
+
+    def drain(self, tasks: int, other: WorkerProcess) -> None:
+        last = self.queue(tasks)
         other.pause()
         try:
-            with contextlib.ExitStack() as counting:
-                main = machine = None
-                if self.count_instructions:
-                    main = counting.enter_context(Instructions(self.worker.pid))
-                    machine = counting.enter_context(Instructions(None))
-                start = time.monotonic()
-                self._consume(True)
-                last.get(timeout=300)
-                elapsed = time.monotonic() - start
+            start = time.monotonic()
+            self._consume(True)
+            last.get(timeout=300)
+            elapsed = time.monotonic() - start
         finally:
             other.resume()
         self._consume(False)
         self.done += tasks
         self.seconds += elapsed
         self.rates.append(tasks / elapsed)
-        if main is not None and main.count and machine is not None and machine.count:
-            self.main_instructions.append(main.count / tasks)
-            self.machine_instructions.append(machine.count / tasks)
 
     def check(self) -> None:
         """Every task queued ran (the drains ended on the last one's result)."""
@@ -253,9 +207,8 @@ class Drainer:
 def throughput(broker_name: str, logdir: Path) -> tuple[Drainer, Drainer]:
     """Plain and extras drainers after :data:`PAIRS` alternating pairs of drains."""
     broker = require_broker(broker_name)
-    counting = Instructions.available()
-    plain = Drainer(broker, True, logdir, count_instructions=counting)
-    extras = Drainer(broker, False, logdir, count_instructions=counting)
+    plain = Drainer(broker, True, logdir)
+    extras = Drainer(broker, False, logdir)
     try:
         plain.start()
         extras.start()
@@ -269,6 +222,56 @@ def throughput(broker_name: str, logdir: Path) -> tuple[Drainer, Drainer]:
         plain.stop()
         extras.stop()
     return plain, extras
+
+
+class CountedDrainer(Drainer):
+    """A drainer whose worker runs under callgrind, instrumented only while measured."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.out = self.logdir / f"{self.ns}.callgrind"
+        self.worker.argv = [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no",
+            f"--callgrind-out-file={self.out}.%p", *self.worker.argv,
+        ]  # fmt: skip
+
+    @staticmethod
+    def available() -> bool:
+        return all(shutil.which(tool) for tool in ("valgrind", "callgrind_control"))
+
+    def _callgrind(self, *args: str) -> None:
+        subprocess.run(["callgrind_control", *args, str(self.worker.pid)], check=True,
+                       capture_output=True, timeout=120)  # fmt: skip
+
+    def _instructions(self, suffix: str) -> int:
+        for line in Path(f"{self.out}.{self.worker.pid}{suffix}").read_text().splitlines():
+            if line.startswith("totals:"):
+                return int(line.split()[1])
+        raise ValueError(f"callgrind wrote no totals for {self.worker.name}")
+
+    def instructions_per_task(self, tasks: int) -> float:
+        """The main process's instructions per task of one drain, less its idle rate's share."""
+        self.start(timeout=600)
+        try:
+            self._callgrind("-z")
+            self._callgrind("-i", "on")
+            start = time.monotonic()
+            time.sleep(IDLE_SECONDS)
+            self._callgrind("-i", "off")
+            idle_seconds = time.monotonic() - start
+            self._callgrind("-d", "idle")  # written to <out>.<pid>.1; the counts start again
+            last = self.queue(tasks)
+            self._callgrind("-i", "on")
+            start = time.monotonic()
+            self._consume(True)
+            last.get(timeout=1800)
+            self._callgrind("-i", "off")
+            elapsed = time.monotonic() - start
+            self._callgrind("-d", "drain")  # <out>.<pid>.2
+            idle_rate = self._instructions(".1") / idle_seconds
+            return (self._instructions(".2") - idle_rate * elapsed) / tasks
+        finally:
+            self.stop()
 
 
 def _quartiles(values: list[float]) -> str:
@@ -297,32 +300,21 @@ def measure() -> list[Row]:
                     extras.rate, ">= 0.97x plain", extras.rate >= 0.97 * plain.rate,
                     runs=PAIRS, note=_quartiles(ratios))
             )  # fmt: skip
-            rows.extend(_instruction_rows(name, plain, extras))
+            rows.extend(_instruction_rows(name, Path(tmp)))
     return rows
 
 
-def _instruction_rows(broker: str, plain: Drainer, extras: Drainer) -> list[Row]:
-    """Median instructions per task: the whole machine (the target) and the main process."""
-    if not plain.machine_instructions or not extras.machine_instructions:
-        print(f"stats: perf cannot count instructions here; no instruction rows for {broker}")
+def _instruction_rows(broker_name: str, logdir: Path) -> list[Row]:
+    """Main-process instructions per no-op task under callgrind: plain and extras."""
+    if not CountedDrainer.available():
+        print("stats: valgrind is not installed; no instruction rows")
         return []
-    machine = (
-        statistics.median(plain.machine_instructions),
-        statistics.median(extras.machine_instructions),
-    )
-    main = statistics.median(plain.main_instructions), statistics.median(extras.main_instructions)
-    runs = min(len(plain.machine_instructions), len(extras.machine_instructions))
+    broker = require_broker(broker_name)
+    plain = CountedDrainer(broker, True, logdir).instructions_per_task(COUNTED)
+    extras = CountedDrainer(broker, False, logdir).instructions_per_task(COUNTED)
     return [
-        Row(f"stats: instructions per no-op task, whole machine (perf), {broker}", "instr",
-            machine[0], machine[1], "<= 1.03x plain", machine[1] <= 1.03 * machine[0],
-            runs=runs, note=_spread(plain.machine_instructions, extras.machine_instructions)),
-        Row(f"stats: instructions per no-op task, worker main process (perf), {broker}",
-            "instr", main[0], main[1], "-", True, runs=runs,
-            note=_spread(plain.main_instructions, extras.main_instructions)),
+        Row(f"stats: instructions per no-op task, worker main process (callgrind), "
+            f"{broker_name}", "instr", plain, extras, "<= 1.03x plain",
+            extras <= 1.03 * plain, runs=1,
+            note=f"{COUNTED} tasks; the idle worker's background taken off"),
     ]  # fmt: skip
-
-
-def _spread(*samples: list[float]) -> str:
-    """The largest relative spread of the drains' figures, for the table's note."""
-    worst = max((max(s) - min(s)) / statistics.median(s) for s in samples)
-    return f"drains within {worst:.1%}"
