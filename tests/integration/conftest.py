@@ -2,14 +2,17 @@
 
 ``broker`` is parametrized over Redis and RabbitMQ (a missing broker fails the
 test, it is never skipped). ``ns`` isolates one test's queues, exchanges and
-store keys. ``make_app(**conf)`` builds the test-side app and ``start_worker``
-starts workers that build the very same app; both take the same ``conf``.
+store keys. ``cluster`` holds a test's app and workers: ``cluster.configure(**conf)``
+sets the app's configuration and ``cluster.worker(...)`` starts workers that build
+the very same app. ``restartable_cluster`` puts a cluster on a broker the test may
+stop and restart.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ import pytest
 from celery import Celery
 
 from tests.support import proj
-from tests.support.brokers import require_broker
+from tests.support.brokers import Restartable, require_broker, restartable_broker
 from tests.support.journal import Journal
 from tests.support.workers import WorkerProcess
 
@@ -103,3 +106,15 @@ def send(cluster: Cluster) -> Callable[..., Any]:
         return cluster.app.send_task(name, args=args, **options)
 
     return send_task
+
+
+@contextmanager
+def restartable_cluster(kind: str, ns: str, workdir: Path) -> Iterator[tuple[Cluster, Restartable]]:
+    """A cluster on a broker the test may stop and restart (see ``restartable_broker``);
+    its workers are stopped, and the broker is running again, afterwards."""
+    with restartable_broker(kind, workdir) as broker:
+        cluster = Cluster(broker.url, ns, workdir)
+        try:
+            yield cluster, broker
+        finally:
+            cluster.stop()

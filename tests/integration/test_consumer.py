@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, restartable_cluster
 from tests.support import flood
-from tests.support.brokers import Restartable, restartable_broker
+from tests.support.brokers import Restartable
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
@@ -70,53 +70,50 @@ def test_trickle_queue_is_served_promptly_under_a_flood(
 def test_broker_restart_mid_run_loses_nothing_and_shares_recover(
     kind: str, ns: str, tmp_path: Path, journal: Journal
 ) -> None:
-    with restartable_broker(kind, tmp_path) as broker:
-        run_weighted_through_a_restart(Cluster(broker.url, ns, tmp_path), journal, broker)
+    with restartable_cluster(kind, ns, tmp_path) as (cluster, broker):
+        run_weighted_through_a_restart(cluster, journal, broker)
 
 
 def run_weighted_through_a_restart(cluster: Cluster, journal: Journal, broker: Restartable) -> None:
     ns = cluster.ns
-    try:
-        queues = (f"{ns}.a", f"{ns}.b")
-        cluster.configure(
-            include=INCLUDE,
-            extras_queue_weights={queues[0]: 3, queues[1]: 1},
-            broker_transport_options={"visibility_timeout": 5, "unacked_restore_interval": 1},
-        )
-        # Enough of each that both queues are still backlogged for 200 runs after the restart,
-        # however long stopping the broker lets the worker go on (one second is 100 runs).
-        ids = set(publish(cluster, "a", 500, seconds=0.01) + publish(cluster, "b", 500, 0.01))
-        worker = cluster.worker("w1", queues=queues)
-        wait_for(lambda: len(journal) >= 100, timeout=60, what="the run to be under way")
-        broker.restart()
-        wait_for(lambda: worker.log().count("Connected to") >= 2, timeout=90,
-                 what="the worker to reconnect")  # fmt: skip
-        before = len(journal)
+    queues = (f"{ns}.a", f"{ns}.b")
+    cluster.configure(
+        include=INCLUDE,
+        extras_queue_weights={queues[0]: 3, queues[1]: 1},
+        broker_transport_options={"visibility_timeout": 5, "unacked_restore_interval": 1},
+    )
+    # Enough of each that both queues are still backlogged for 200 runs after the restart,
+    # however long stopping the broker lets the worker go on (one second is 100 runs).
+    ids = set(publish(cluster, "a", 500, seconds=0.01) + publish(cluster, "b", 500, 0.01))
+    worker = cluster.worker("w1", queues=queues)
+    wait_for(lambda: len(journal) >= 100, timeout=60, what="the run to be under way")
+    broker.restart()
+    wait_for(lambda: worker.log().count("Connected to") >= 2, timeout=90,
+             what="the worker to reconnect")  # fmt: skip
+    before = len(journal)
 
-        def settled() -> tuple[Counter[str]] | None:
-            lost = broker.lost_in_transit()
-            return (lost,) if ids - {e["id"] for e in journal.entries()} <= lost.keys() else None
+    def settled() -> tuple[Counter[str]] | None:
+        lost = broker.lost_in_transit()
+        return (lost,) if ids - {e["id"] for e in journal.entries()} <= lost.keys() else None
 
-        (lost,) = wait_for(settled, timeout=120, interval=0.5,
-                           what="every task after the broker restart")  # fmt: skip
-        # Every task that reached the worker ran. Redis's transport may lose a message its
-        # BRPOP popped as the server stopped, before the worker had it (see the helper): one
-        # per channel, and the weighted consumer has a channel per queue.
-        assert sum(lost.values()) <= len(queues), f"more than one in flight per queue: {lost}"
-        entries = flood.runs(journal)
-        after = Counter(e["queue"] for e in entries[before : before + 200])
-        print(
-            f"\nafter the restart: next 200 = {dict(after)} (from run {before}); "
-            f"{sum(lost.values())} lost in the Redis transport"
-        )
-        later = Counter(e["queue"] for e in entries[before + 200 :])
-        assert later[queues[0]] and later[queues[1]], "a queue ran dry: measure earlier"
-        assert 2.5 <= after[queues[0]] / after[queues[1]] <= 3.5, after
-        assert worker.alive()
-        # Celery logs the lost connection's tracebacks itself; none may pass through our code.
-        assert "celery_extras/" not in worker.log()
-    finally:
-        cluster.stop()
+    (lost,) = wait_for(settled, timeout=120, interval=0.5,
+                       what="every task after the broker restart")  # fmt: skip
+    # Every task that reached the worker ran. Redis's transport may lose a message its
+    # BRPOP popped as the server stopped, before the worker had it (see the helper): one
+    # per channel, and the weighted consumer has a channel per queue.
+    assert sum(lost.values()) <= len(queues), f"more than one in flight per queue: {lost}"
+    entries = flood.runs(journal)
+    after = Counter(e["queue"] for e in entries[before : before + 200])
+    print(
+        f"\nafter the restart: next 200 = {dict(after)} (from run {before}); "
+        f"{sum(lost.values())} lost in the Redis transport"
+    )
+    later = Counter(e["queue"] for e in entries[before + 200 :])
+    assert later[queues[0]] and later[queues[1]], "a queue ran dry: measure earlier"
+    assert 2.5 <= after[queues[0]] / after[queues[1]] <= 3.5, after
+    assert worker.alive()
+    # Celery logs the lost connection's tracebacks itself; none may pass through our code.
+    assert "celery_extras/" not in worker.log()
 
 
 def test_add_and_cancel_consumer_at_run_time(cluster: Cluster, journal: Journal) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster
-from tests.support.brokers import Restartable, restartable_broker
+from tests.integration.conftest import Cluster, restartable_cluster
+from tests.support.brokers import Restartable
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
@@ -25,12 +25,8 @@ INCLUDE = ("tests.support.tasks_reliability",)
 
 @pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_broker_restart_mid_run(kind: str, ns: str, tmp_path: Path, journal: Journal) -> None:
-    with restartable_broker(kind, tmp_path) as broker:
-        cluster = Cluster(broker.url, ns, tmp_path)
-        try:
-            run_through_a_restart(cluster, journal, broker)
-        finally:
-            cluster.stop()
+    with restartable_cluster(kind, ns, tmp_path) as (cluster, broker):
+        run_through_a_restart(cluster, journal, broker)
 
 
 def run_through_a_restart(cluster: Cluster, journal: Journal, broker: Restartable) -> None:
@@ -98,42 +94,38 @@ def test_a_retry_that_cannot_be_published_keeps_its_task(
     """Two tasks fail while the broker is down, so Celery cannot publish their retries (it
     would reject both without requeue, losing them). With acks_late the message goes back
     to the queue and the task runs again; acked on receipt, the task fails visibly."""
-    with restartable_broker(kind, tmp_path) as broker:
-        cluster = Cluster(broker.url, ns, tmp_path)
-        try:
-            cluster.configure(
-                include=INCLUDE,
-                broker_transport_options={"visibility_timeout": 5, "unacked_restore_interval": 1},
-            )
-            app = cluster.app
-            worker = cluster.worker("w1")
-            kept = app.send_task("tests.reliability.retried_in_outage", args=("kept",))
-            failed = app.send_task("tests.reliability.retried_in_outage_early_ack", args=("x",))
-            wait_for(lambda: len(journal) >= 2, timeout=60, what="both first attempts")
+    with restartable_cluster(kind, ns, tmp_path) as (cluster, broker):
+        cluster.configure(
+            include=INCLUDE,
+            broker_transport_options={"visibility_timeout": 5, "unacked_restore_interval": 1},
+        )
+        app = cluster.app
+        worker = cluster.worker("w1")
+        kept = app.send_task("tests.reliability.retried_in_outage", args=("kept",))
+        failed = app.send_task("tests.reliability.retried_in_outage_early_ack", args=("x",))
+        wait_for(lambda: len(journal) >= 2, timeout=60, what="both first attempts")
 
-            broker.stop()
-            journal.raise_flag("outage")
-            wait_for(lambda: "could not be published" in worker.log() and
-                     "acknowledged on receipt" in worker.log(), timeout=60,
-                     what="both retries to fail to publish")  # fmt: skip
-            broker.start()
+        broker.stop()
+        journal.raise_flag("outage")
+        wait_for(lambda: "could not be published" in worker.log() and
+                 "acknowledged on receipt" in worker.log(), timeout=60,
+                 what="both retries to fail to publish")  # fmt: skip
+        broker.start()
 
-            runs = wait_for(
-                lambda: (r := [e for e in journal.entries() if e["id"] == kept.id])
-                and r[-1]["outcome"] == "done" and r,
-                timeout=120, interval=0.5, what="the kept task to run again and succeed",
-            )  # fmt: skip
-            firsts = [e for e in runs if e["retries"] == 0]
-            print(f"\n{kind}: kept task ran its first attempt {len(firsts)} times, then its "
-                  f"retry: {[(e['retries'], e['outcome']) for e in runs]}")  # fmt: skip
-            assert len(firsts) >= 2  # its message came back after the unpublishable retry
-            assert [e["retries"] for e in runs if e["outcome"] == "done"] == [1]
-            assert kept.get(timeout=30) == "kept"
-            state = wait_for(lambda: failed.state if failed.ready() else None, timeout=30,
-                             what="the early-acked task's result")  # fmt: skip
-            assert state == "FAILURE"
-            assert isinstance(failed.result, ValueError)
-            assert "first attempt of x" in str(failed.result)
-            assert worker.alive()
-        finally:
-            cluster.stop()
+        runs = wait_for(
+            lambda: (r := [e for e in journal.entries() if e["id"] == kept.id])
+            and r[-1]["outcome"] == "done" and r,
+            timeout=120, interval=0.5, what="the kept task to run again and succeed",
+        )  # fmt: skip
+        firsts = [e for e in runs if e["retries"] == 0]
+        print(f"\n{kind}: kept task ran its first attempt {len(firsts)} times, then its "
+              f"retry: {[(e['retries'], e['outcome']) for e in runs]}")  # fmt: skip
+        assert len(firsts) >= 2  # its message came back after the unpublishable retry
+        assert [e["retries"] for e in runs if e["outcome"] == "done"] == [1]
+        assert kept.get(timeout=30) == "kept"
+        state = wait_for(lambda: failed.state if failed.ready() else None, timeout=30,
+                         what="the early-acked task's result")  # fmt: skip
+        assert state == "FAILURE"
+        assert isinstance(failed.result, ValueError)
+        assert "first attempt of x" in str(failed.result)
+        assert worker.alive()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster
-from tests.support.brokers import Restartable, restartable_broker
+from tests.integration.conftest import Cluster, restartable_cluster
+from tests.support.brokers import Restartable
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
@@ -27,12 +27,8 @@ def test_sigkill_mid_run_loses_no_limited_retried_or_weighted_task(
 ) -> None:
     # a private Redis whose append-only file tells deliveries kombu's transport lost in
     # flight to the killed worker (see lost_in_transit) from ours
-    with restartable_broker(kind, tmp_path) as broker:
-        cluster = Cluster(broker.url, ns, tmp_path)
-        try:
-            kill_mid_run(cluster, journal, broker)
-        finally:
-            cluster.stop()
+    with restartable_cluster(kind, ns, tmp_path) as (cluster, broker):
+        kill_mid_run(cluster, journal, broker)
 
 
 def kill_mid_run(cluster: Cluster, journal: Journal, broker: Restartable) -> None:
