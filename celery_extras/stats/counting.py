@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 Strategy = Callable[..., Any]
 
+#: Class attribute that marks a counting request class.
+_COUNTING = "_extras_counting"
+
 
 def counting_strategy(name: str, strategy: Strategy, recorder: Recorder) -> Strategy:
     """*strategy* of task *name*, counting each message it is handed as received.
@@ -105,6 +108,7 @@ def _counting_class(base: type[Request], recorder: Recorder) -> type[Request]:
 
     namespace = {
         "__slots__": (),
+        _COUNTING: True,
         "__module__": base.__module__,
         "__doc__": base.__doc__,
         "on_accepted": on_accepted,
@@ -130,9 +134,9 @@ class RequestCounting:
         self._classes.clear()
 
     def _class_for(self, cls: type[Request]) -> type[Request]:
-        counting = _counting_class(cls, self.recorder)
-        self._classes[cls] = counting
-        self._classes[counting] = counting  # a request handed to the pool again
+        # a counting class already: a request handed on again, even after forget()
+        counting = cls if cls.__dict__.get(_COUNTING) else _counting_class(cls, self.recorder)
+        self._classes[cls] = self._classes[counting] = counting
         return counting
 
     def wrap(self, on_task_request: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -163,6 +163,10 @@ def test_a_request_handed_over_twice_counts_once(recorder: Recorder) -> None:
     other = TaskRequest()
     on_task_request(other)
     assert type(other) is not counted_class  # made anew after the strategies are rebuilt
+    on_task_request(request)  # in flight across the rebuild: still counted once
+    assert type(request) is counted_class
+    request.on_accepted(2, 0.0)
+    assert counts(recorder) == {"started": 2, "succeeded": 1}
 
 
 def test_a_request_class_that_cannot_be_swapped_is_passed_on_uncounted(
