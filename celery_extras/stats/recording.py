@@ -18,7 +18,6 @@ None of this depends on ``task_events``.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -31,8 +30,6 @@ from .counting import RequestCounting, counting_strategy
 from .recorder import RATE_LIMITED, REJECTED, REVOKED, LockedRecorder, Recorder
 
 __all__ = ["INVALID", "StatsRecording", "TaskCounting"]
-
-logger = logging.getLogger(__name__)
 
 #: Name under which messages naming no task (``task_rejected``) are counted.
 INVALID = "<invalid>"
