@@ -15,7 +15,15 @@ from pathlib import Path
 from .table import Row, markdown, render
 
 # module names under bench/, in table order
-BENCHES: tuple[str, ...] = ("stats", "policies", "sync", "consumer")
+BENCHES: tuple[str, ...] = (
+    "stats",
+    "policies",
+    "concurrency",
+    "delay",
+    "sync",
+    "consumer",
+    "store",
+)
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 INTRO = """# Benchmarks

@@ -100,8 +100,8 @@ def _load_seconds(logdir: Path) -> tuple[float, int]:
         return float(info["load_seconds"]), int(info["loaded"])
     finally:
         worker.stop()
-        for key in store.keys:
-            store.client.delete(key)
+        for keys in store.shard_keys:
+            store.client.delete(*keys)
         app.close()
 
 

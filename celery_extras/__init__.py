@@ -7,9 +7,15 @@ Add it to an app with one call::
     celery_extras.install(app)
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .capability import Capability
 from .consumer import FairConsumerMixin, WeightedCycle, WeightedOrder
-from .install import CAPABILITIES, install, settings_of
+from .delay import DelayStore, RedisDelayStore
+from .delay.parking import delayed
 from .policies import (
     BucketPolicy,
     ExponentialBackoff,
@@ -19,10 +25,11 @@ from .policies import (
     PolicyError,
     RetryPolicy,
     WithMaxWait,
+    concurrency,
     limit,
     retry_policy,
 )
-from .settings import Setting
+from .settings import ExtrasSettings, Setting, settings_of
 from .stats import Histogram, TimeWheel
 from .sync import DurableRevokes, RevokeStore, cluster_revoked, record_revokes
 
@@ -30,14 +37,17 @@ __all__ = [
     "CAPABILITIES",
     "BucketPolicy",
     "Capability",
+    "DelayStore",
     "DurableRevokes",
     "ExponentialBackoff",
+    "ExtrasSettings",
     "FairConsumerMixin",
     "FastSlow",
     "Histogram",
     "Jitter",
     "MaxOf",
     "PolicyError",
+    "RedisDelayStore",
     "RetryPolicy",
     "RevokeStore",
     "Setting",
@@ -46,9 +56,27 @@ __all__ = [
     "WeightedOrder",
     "WithMaxWait",
     "cluster_revoked",
+    "concurrency",
+    "delayed",
     "install",
     "limit",
     "record_revokes",
     "retry_policy",
     "settings_of",
 ]
+
+if TYPE_CHECKING:
+    from .install import CAPABILITIES, install
+else:
+
+    def __getattr__(name: str) -> Any:
+        """``install`` and ``CAPABILITIES``, imported on first use.
+
+        ``celery_extras.install`` imports every capability; a module of one capability
+        (``celery_extras.policies.enforce``) imports without it, so no import circle.
+        """
+        if name not in ("install", "CAPABILITIES"):
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        module = importlib.import_module(".install", __name__)
+        globals().update(install=module.install, CAPABILITIES=module.CAPABILITIES)
+        return globals()[name]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from celery import Celery, bootsteps
 
@@ -22,7 +23,7 @@ class Capability:
     """
 
     name: str
-    settings: tuple[Setting, ...] = ()
+    settings: tuple[Setting[Any], ...] = ()
     worker_steps: tuple[type[bootsteps.Step], ...] = ()
     consumer_steps: tuple[type[bootsteps.Step], ...] = ()
     connect: Callable[[Celery], None] | None = None

@@ -8,6 +8,7 @@ capability's module, and print.
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -15,7 +16,7 @@ import click
 from celery import Celery
 from celery.bin.base import CeleryCommand, CLIContext
 
-from .install import all_settings, settings_of
+from .settings import declared_settings, settings_of
 
 __all__ = ["extras"]
 
@@ -25,6 +26,18 @@ def app_of(ctx: click.Context) -> Celery:
     obj: CLIContext = ctx.obj
     app: Celery = obj.app
     return app
+
+
+class Seconds(click.FloatRange):
+    """A finite number of seconds within a range (``nan`` and ``inf`` are refused)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return number
 
 
 @click.group(name="extras")
@@ -37,51 +50,155 @@ def extras() -> None:
 @click.pass_context
 def show_settings(ctx: click.Context, as_json: bool) -> None:
     """Show every extras_* setting as the app resolves it (defaults filled in)."""
-    values: dict[str, Any] = settings_of(app_of(ctx))
+    app = app_of(ctx)
+    values = settings_of(app)
     if as_json:
-        click.echo(json.dumps({s.key: values[s.name] for s in all_settings()}, sort_keys=True))
+        click.echo(
+            json.dumps({s.key: values[s.name] for s in declared_settings(app)}, sort_keys=True)
+        )
         return
-    for setting in all_settings():
+    for setting in declared_settings(app):
         click.echo(f"{setting.key} = {values[setting.name]!r}")
 
 
 @extras.command(cls=CeleryCommand, name="limit")
-@click.argument("task_name")
-@click.argument("rate")
+@click.argument("task_name", required=False)
+@click.argument("rate", required=False)
 @click.option("--burst", type=int, default=None, help="Tokens at once (default: the task's).")
-@click.option("--timeout", type=float, default=1.0, show_default=True, help="Seconds to wait "
-              "for the workers' replies.")  # fmt: skip
+@click.option("--show", is_flag=True, help="List the limited tasks: stored rates and what each "
+              "worker applies (TASK_NAME narrows it to one task).")  # fmt: skip
+@click.option("--reset", is_flag=True, help="Remove TASK_NAME's stored rate: back to its "
+              "limit() on every worker, now and later.")  # fmt: skip
+@click.option("--timeout", type=Seconds(min=0.1, max=60), default=1.0,
+              show_default=True, help="Seconds to wait for the workers' replies.")  # fmt: skip
 @click.pass_context
 def limit_command(
-    ctx: click.Context, task_name: str, rate: str, burst: int | None, timeout: float
+    ctx: click.Context,
+    task_name: str | None,
+    rate: str | None,
+    burst: int | None,
+    show: bool,
+    reset: bool,
+    timeout: float,
 ) -> None:
-    """Change the limit() of TASK_NAME to RATE (e.g. 10/s) on every worker, now and later."""
-    from .policies.control import set_limit
+    """Change the limit() of TASK_NAME to RATE (e.g. 10/s) on every worker, now and later.
 
+    \b
+    celery -A proj extras limit TASK_NAME RATE [--burst N]
+    celery -A proj extras limit --show [TASK_NAME]
+    celery -A proj extras limit --reset TASK_NAME
+    """
+    from .policies.control import limited_tasks, reset_limit, set_limit, show_limits
+
+    app = app_of(ctx)
+    if show and reset:
+        raise click.UsageError("--show and --reset do not go together")
+    if show or reset:
+        if rate is not None or burst is not None:
+            raise click.UsageError("RATE and --burst go only with setting a limit")
+        if show:
+            _show_limits(show_limits(app, timeout), task_name)
+            return
+        if task_name is None:
+            raise click.UsageError("--reset needs TASK_NAME")
+        replies = reset_limit(app, task_name, timeout)
+        click.echo(f"{task_name}: stored rate removed; workers use its limit() again")
+        _echo_replies(replies)
+        return
+    if task_name is None or rate is None:
+        raise click.UsageError("TASK_NAME and RATE are needed (or --show, or --reset TASK_NAME)")
+    known = limited_tasks(app, timeout)
+    if task_name not in known:
+        names = ", ".join(sorted(known)) or "none"
+        raise click.ClickException(
+            f"{task_name}: no worker limits this task and the app declares no limit() for it; "
+            f"nothing stored (limited tasks: {names})"
+        )
     try:
-        replies = set_limit(app_of(ctx), task_name, rate, burst, timeout)
+        replies = set_limit(app, task_name, rate, burst, timeout)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="RATE/--burst") from None
     click.echo(f"{task_name}: {rate} stored; workers started later apply it too")
+    _echo_replies(replies)
+
+
+def _echo_replies(replies: list[dict[str, Any]]) -> None:
     for reply in replies:
         for worker, answer in reply.items():
             click.echo(f"  {worker}: {answer.get('ok') or 'ERROR: ' + str(answer.get('error'))}")
 
 
-@extras.command(cls=CeleryCommand, name="top")
-@click.option("--refresh", default=1.0, show_default=True, help="Seconds between redraws.")
-@click.option("--iterations", type=int, default=None, help="Draw this many frames, then exit.")
-@click.option("--no-clear", is_flag=True, help="Append frames instead of redrawing in place.")
+def _show_limits(shown: dict[str, Any], only: str | None) -> None:
+    stored: dict[str, str] = shown["stored"]
+    tasks: dict[str, Any] = shown["tasks"]
+    names = sorted(set(stored) | set(tasks))
+    if only is not None:
+        names = [n for n in names if n == only]
+        if not names:
+            raise click.ClickException(f"{only}: no worker limits this task, and no rate is stored")
+    if not names:
+        click.echo("no limited tasks (no worker answered, and the app declares no limit())")
+    for name in names:
+        task = tasks.get(name, {"app": None, "workers": {}})
+        declared = task["app"]
+        line = f"{name}: "
+        line += (
+            f"limit({declared['rate']}, burst={declared['burst']}, scope={declared['scope']})"
+            if declared
+            else "no limit() in this app"
+        )
+        line += f"; stored rate {stored[name]}" if name in stored else "; no stored rate"
+        click.echo(line)
+        if name in stored and not task["workers"] and not declared:
+            click.echo("  (stored for a task nobody limits: `--reset` removes it)")
+        for worker, entry in sorted(task["workers"].items()):
+            in_force = entry.get("override") or entry.get("rate")
+            how = "stored rate" if entry.get("override") else "limit()"
+            click.echo(f"  {worker}: {in_force} burst {entry.get('burst')} ({how}, "
+                       f"{entry.get('scope')})")  # fmt: skip
+
+
+@extras.command(cls=CeleryCommand, name="concurrency")
+@click.argument("task_name")
+@click.argument("n", type=int, required=False)
+@click.option("--reset", is_flag=True, help="Back to the task's own concurrency(n).")
 @click.pass_context
-def top_command(ctx: click.Context, refresh: float, iterations: int | None, no_clear: bool) -> None:
-    """Live table of task rates, failures and p95 runtime per worker and cluster-wide."""
+def concurrency_command(ctx: click.Context, task_name: str, n: int | None, reset: bool) -> None:
+    """Change the concurrency() cap of TASK_NAME to N on every worker (within a second)."""
+    from .policies.control import set_concurrency
+
+    if (n is None) != reset:
+        raise click.UsageError("give N (tasks at once) or --reset, not both")
+    try:
+        set_concurrency(app_of(ctx), task_name, None if reset else n)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="N") from None
+    what = "the task's own cap" if reset else f"at most {n} at once"
+    click.echo(f"{task_name}: {what}, stored; every worker applies it within a second")
+
+
+@extras.command(cls=CeleryCommand, name="top")
+@click.option("--refresh", type=Seconds(min=0.1, max=3600), default=1.0,
+              show_default=True, help="Seconds between redraws.")  # fmt: skip
+@click.option("--iterations", type=click.IntRange(min=1), default=None,
+              help="Draw this many frames, then exit (1: one frame).")  # fmt: skip
+@click.option("--no-clear", is_flag=True, help="Append frames instead of redrawing in place.")
+@click.option("--timeout", type=Seconds(min=0.1, max=60), default=1.0,
+              show_default=True, help="Seconds to wait for inspect stats at start.")  # fmt: skip
+@click.pass_context
+def top_command(
+    ctx: click.Context, refresh: float, iterations: int | None, no_clear: bool, timeout: float
+) -> None:
+    """Live table of task rates, failures, waits and p95 runtime per worker and cluster-wide."""
     from .stats.monitor import top
 
-    top(app_of(ctx), refresh=refresh, iterations=iterations, clear=not no_clear)
+    top(app_of(ctx), refresh=refresh, iterations=iterations, clear=not no_clear,
+        inspect_timeout=timeout)  # fmt: skip
 
 
 @extras.command(cls=CeleryCommand, name="exporter")
-@click.option("--port", type=int, default=9808, show_default=True, help="Port of /metrics.")
+@click.option("--port", type=click.IntRange(min=1, max=65535), default=9808,
+              show_default=True, help="Port of /metrics.")  # fmt: skip
 @click.option("--address", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.pass_context
 def exporter_command(ctx: click.Context, port: int, address: str) -> None:
@@ -93,7 +210,11 @@ def exporter_command(ctx: click.Context, port: int, address: str) -> None:
             f"{exc}: install prometheus-client (pip install 'celery-extras[prometheus]')"
         ) from exc
     click.echo(f"celery-extras exporter: http://{address}:{port}/metrics", err=True)
-    serve(app_of(ctx), port, address)
+    try:
+        serve(app_of(ctx), port, address)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise click.ClickException(f"cannot serve on {address}:{port}: {reason}") from None
 
 
 @extras.command(cls=CeleryCommand, name="revoked")
@@ -135,3 +256,25 @@ def revoked_command(ctx: click.Context, limit: int, timeout: float, as_json: boo
             click.echo(f"  {task_id}")
         for header, value in reply.get("stamps", []):
             click.echo(f"  {header}={value}")
+
+
+@extras.command(cls=CeleryCommand, name="delayed")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def delayed_command(ctx: click.Context, as_json: bool) -> None:
+    """List what the delay store holds: parked tasks per task name, and the next due time."""
+    from .delay.parking import STORE_ERRORS, delayed
+
+    try:
+        listing = delayed(app_of(ctx))
+    except STORE_ERRORS as exc:
+        raise click.ClickException(f"the delay store cannot be read: {exc!r}"[:300]) from None
+    if as_json:
+        click.echo(json.dumps(listing, sort_keys=True))
+        return
+    click.echo(f"delay store: {listing['depth']} entries waiting")
+    width = max((len(name) for name in listing["tasks"]), default=4)
+    for name, entry in listing["tasks"].items():
+        due_in = entry["next_due_in"]
+        when = "-" if due_in is None else f"next due in {due_in:.1f} s"
+        click.echo(f"  {name:<{width}}  {entry['parked']:>8} parked  {when}")

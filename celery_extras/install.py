@@ -7,6 +7,8 @@ bootsteps and hooks to the app. Calling it again only re-applies options.
 
 from __future__ import annotations
 
+import sys
+import types
 import weakref
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError
@@ -17,9 +19,11 @@ from celery import Celery, bootsteps
 from celery.exceptions import ImproperlyConfigured
 
 from .capability import Capability
+from .compat import check_worker
 from .consumer.capability import CONSUMER
+from .delay.capability import DELAY
 from .policies.capability import POLICIES
-from .settings import CORE_SETTINGS, PREFIX, Setting, validate
+from .settings import CORE_SETTINGS, PREFIX, Setting, conf_key, declare, settings_of
 from .stats.capability import STATS
 from .sync.capability import SYNC
 from .workarounds import RedisCloseGuard
@@ -27,21 +31,16 @@ from .workarounds import RedisCloseGuard
 __all__ = ["CAPABILITIES", "Capability", "ExtrasStep", "all_settings", "install", "settings_of"]
 
 
-CAPABILITIES: tuple[Capability, ...] = (SYNC, POLICIES, CONSUMER, STATS)
+CAPABILITIES: tuple[Capability, ...] = (SYNC, POLICIES, DELAY, CONSUMER, STATS)
 
 _installed: weakref.WeakSet[Celery] = weakref.WeakSet()
 
 
-def all_settings() -> Iterator[Setting]:
+def all_settings() -> Iterator[Setting[Any]]:
     """Every ``extras_*`` setting: the core ones, then each capability's."""
     yield from CORE_SETTINGS
     for capability in CAPABILITIES:
         yield from capability.settings
-
-
-def settings_of(app: Celery) -> dict[str, Any]:
-    """The app's validated celery-extras settings, ``{name: value}`` without the prefix."""
-    return validate(app.conf, all_settings())
 
 
 def _version() -> str:
@@ -58,6 +57,7 @@ class ExtrasStep(bootsteps.StartStopStep):
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
+        check_worker()  # fail the worker start naming the Celery version and the feature
         settings_of(parent.app)  # fail the worker start with a message naming the setting
 
     def info(self, parent: Any) -> dict[str, Any]:
@@ -75,12 +75,15 @@ def install(app: Celery, **options: Any) -> Celery:
     *options* are settings without their prefix (``stats_interval=1`` sets
     ``extras_stats_interval``) and override what ``app.conf`` holds.
     """
-    known = {s.name for s in all_settings()}
+    declared = tuple(all_settings())
+    known = {s.name for s in declared}
     for name in options:
         if name not in known:
             raise ImproperlyConfigured(f"{PREFIX}{name}: unknown celery-extras setting")
-    if options:
-        app.conf.update({PREFIX + name: value for name, value in options.items()})
+    declare(app, declared)
+    if options:  # under the name the app reads first (CELERY_EXTRAS_* in a Django namespace)
+        by_name = {s.name: s for s in declared}
+        app.conf.update({conf_key(by_name[n], app.namespace): v for n, v in options.items()})
 
     if app in _installed:
         if app.configured:
@@ -107,3 +110,18 @@ def install(app: Celery, **options: Any) -> Celery:
 
 def _validate_after_configure(sender: Celery, **kwargs: Any) -> None:
     settings_of(sender)
+
+
+class _InstallModule(types.ModuleType):
+    """This module, callable as its :func:`install`.
+
+    ``celery_extras`` imports this module on first use only (so a capability's module
+    imports without it); Python then binds ``celery_extras.install`` to the module, and
+    ``celery_extras.install(app)`` must still install.
+    """
+
+    def __call__(self, app: Celery, **options: Any) -> Celery:
+        return install(app, **options)
+
+
+sys.modules[__name__].__class__ = _InstallModule

@@ -1,47 +1,75 @@
 """The ``extras_*`` settings: each declared once, with its default, its check and its doc.
 
-Every setting lives in ``app.conf`` under the ``extras_`` prefix. A capability
-declares the settings it reads; :func:`validate` checks them all and fails with
-:class:`~celery.exceptions.ImproperlyConfigured` naming the culprit, so a typo in
-a config file is caught at install or worker start, not hours later.
+Every setting lives in ``app.conf`` under the ``extras_`` prefix (or, for an app
+configured with a namespace such as Django's ``CELERY``, under ``CELERY_EXTRAS_``).
+A capability declares the settings it reads; ``install(app)`` hands the declarations
+of every capability to :func:`declare`, and :func:`settings_of` validates them once
+into a frozen :class:`ExtrasSettings`, failing with
+:class:`~celery.exceptions.ImproperlyConfigured` naming the culprit, so a typo in a
+config file is caught at install or worker start, not hours later.
+
+This module imports no capability: the steps read their settings here, so there
+is no import circle through ``install``.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
-import math
-from collections.abc import Callable, Iterable, Mapping
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Literal, TypeVar, overload
 
+from celery import Celery
 from celery.exceptions import ImproperlyConfigured
+
+from .bounds import shown
+from .checks import is_int, is_number
 
 __all__ = [
     "CORE_SETTINGS",
+    "KEY_PREFIX",
     "PREFIX",
+    "REDIS_OPTIONS",
+    "REDIS_URL",
+    "ExtrasSettings",
     "Setting",
     "boolean",
     "choice",
+    "conf_key",
+    "declare",
+    "declared_settings",
+    "integer",
     "number",
     "optional",
+    "redis_options",
     "redis_url",
     "reject",
+    "settings_of",
     "text",
     "validate",
 ]
 
+T = TypeVar("T")
+
 PREFIX = "extras_"
 
-Check = Callable[[str, Any], Any]
+#: A check: ``check(key, value)`` returns the value (normalised) or raises :func:`reject`'s error.
+Check = Callable[[str, Any], T]
 
 
 @dataclass(frozen=True)
-class Setting:
-    """One ``extras_<name>`` setting: default, a check that normalises or rejects, and its doc."""
+class Setting(Generic[T]):
+    """One ``extras_<name>`` setting: default, a check that normalises or rejects, and its doc.
+
+    ``settings_of(app)[setting]`` is typed by the check: a ``Setting[float]`` gives a float.
+    """
 
     name: str
     default: Any
-    check: Check
+    check: Check[T]
     kind: str
     doc: str
 
@@ -53,14 +81,22 @@ class Setting:
 def reject(key: str, expected: str, value: object) -> ImproperlyConfigured:
     """The error for *value* of setting *key*, saying what was *expected*."""
     return ImproperlyConfigured(
-        f"{key}: expected {expected}, got {value!r} ({type(value).__name__})"
+        f"{key}: expected {expected}, got {shown(value)} ({type(value).__name__})"
     )
 
 
+@overload
+def number(
+    *, minimum: float | None = None, above: float | None = None, integer: Literal[False] = False
+) -> Check[float]: ...
+@overload
+def number(
+    *, minimum: float | None = None, above: float | None = None, integer: Literal[True]
+) -> Check[int]: ...
 def number(
     *, minimum: float | None = None, above: float | None = None, integer: bool = False
-) -> Check:
-    """A real number (or an integer) bounded below; bools are not numbers here."""
+) -> Check[Any]:
+    """A finite real number (or an integer) bounded below; bools are not numbers here."""
     parts = ["an integer" if integer else "a number"]
     if minimum is not None:
         parts.append(f">= {minimum:g}")
@@ -69,15 +105,26 @@ def number(
     expected = " ".join(parts)
 
     def check(key: str, value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
-            raise reject(key, expected, value)
-        if (
-            not math.isfinite(value)
-            or (minimum is not None and value < minimum)
-            or (above is not None and value <= above)
-        ):
+        if not is_number(value, minimum, above) or (integer and not is_int(value)):
             raise reject(key, expected, value)
         return value if integer else float(value)
+
+    return check
+
+
+def integer(*, minimum: int | None = None, maximum: int | None = None) -> Check[int]:
+    """An ``int`` (not a bool) within ``[minimum, maximum]``."""
+    parts = ["an integer"]
+    if minimum is not None:
+        parts.append(f">= {minimum}")
+    if maximum is not None:
+        parts.append(f"<= {maximum}")
+    expected = " ".join(parts)
+
+    def check(key: str, value: Any) -> int:
+        if not is_int(value, minimum, maximum):
+            raise reject(key, expected, value)
+        return value
 
     return check
 
@@ -94,7 +141,7 @@ def text(key: str, value: Any) -> str:
     return value
 
 
-def choice(*choices: str) -> Check:
+def choice(*choices: str) -> Check[str]:
     """One of a fixed set of strings."""
     expected = "one of " + ", ".join(repr(c) for c in choices)
 
@@ -106,52 +153,224 @@ def choice(*choices: str) -> Check:
     return check
 
 
-def optional(check: Check) -> Check:
+def optional(check: Check[T]) -> Check[T | None]:
     """*check*, or ``None`` (the setting's feature is off or derived from elsewhere)."""
 
-    def check_optional(key: str, value: Any) -> Any:
+    def check_optional(key: str, value: Any) -> T | None:
         return None if value is None else check(key, value)
 
     return check_optional
 
 
+_STORE_SCHEMES = (
+    "redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://", "sentinel://",
+)  # fmt: skip
+
+
 def redis_url(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
-        raise reject(key, "a redis://, rediss:// or unix:// URL", value)
+    if not isinstance(value, str) or not value.startswith(_STORE_SCHEMES):
+        raise reject(
+            key, "a redis://, rediss://, unix://, redis+cluster:// or sentinel:// URL", value
+        )
     return value
 
 
-CORE_SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "redis_url",
-        None,
-        optional(redis_url),
-        "str | None",
-        "Redis holding the shared store (durable revokes, global token buckets, per-item "
-        "failure counts). ``None`` uses the broker when it is Redis, else the result backend "
-        "when that is Redis; with neither, the features that need the store say so at start.",
-    ),
-    Setting(
-        "key_prefix",
-        "celery-extras",
-        text,
-        "str",
-        "Prefix of every key celery-extras writes to the shared store; give two apps that "
-        "share one Redis different prefixes.",
-    ),
+def redis_options(key: str, value: Any) -> dict[str, Any]:
+    """The store client's options: ``master_name``, ``sentinel_kwargs``, ``cluster``."""
+    if not isinstance(value, dict):
+        raise reject(key, "a dict", value)
+    known = ("master_name", "sentinel_kwargs", "cluster")
+    for name, option in value.items():
+        if name not in known:
+            raise ImproperlyConfigured(f"{key}: unknown option {name!r} (known: {known})")
+        if name == "master_name" and (not isinstance(option, str) or not option):
+            raise reject(f"{key}['master_name']", "a non-empty string", option)
+        if name == "sentinel_kwargs" and not isinstance(option, dict):
+            raise reject(f"{key}['sentinel_kwargs']", "a dict", option)
+        if name == "cluster" and not isinstance(option, bool):
+            raise reject(f"{key}['cluster']", "True or False", option)
+    return dict(value)
+
+
+REDIS_URL: Setting[str | None] = Setting(
+    "redis_url",
+    None,
+    optional(redis_url),
+    "str | None",
+    "Redis holding the shared store (durable revokes, global token buckets, per-item "
+    "failure counts). ``None`` uses the broker when it is Redis, else the result backend "
+    "when that is Redis; with neither, the features that need the store say so at start. "
+    "``sentinel://host:port;sentinel://host:port/db`` for Redis behind Sentinel, "
+    "``redis+cluster://host:port`` for a Redis Cluster (see :doc:`/store`).",
 )
+REDIS_OPTIONS: Setting[dict[str, Any]] = Setting(
+    "redis_options",
+    {},
+    redis_options,
+    "dict",
+    "Options of the store's client: ``master_name`` (required with a Sentinel URL; when the "
+    "store is the broker, ``broker_transport_options`` gives it too), ``sentinel_kwargs`` "
+    "(options for the Sentinels themselves), ``cluster`` (``True``: a ``redis://`` URL names "
+    "a Redis Cluster node).",
+)
+KEY_PREFIX: Setting[str] = Setting(
+    "key_prefix",
+    "celery-extras",
+    text,
+    "str",
+    "Prefix of every key celery-extras writes to the shared store; give two apps that "
+    "share one Redis different prefixes.",
+)
+CORE_SETTINGS: tuple[Setting[Any], ...] = (REDIS_URL, REDIS_OPTIONS, KEY_PREFIX)
 
 
-def validate(conf: Mapping[str, Any], settings: Iterable[Setting]) -> dict[str, Any]:
+def _match_case(key: str, like: str) -> str:
+    """*key* in upper case when *like* is (Celery's ``match_case``: ``CELERY_`` keys)."""
+    return key.upper() if like.isupper() else key.lower()
+
+
+def conf_key(setting: Setting[Any], namespace: str | None) -> str:
+    """The key of *setting* an app with *namespace* reads first (``CELERY_EXTRAS_...``)."""
+    return _spellings(setting, namespace)[0]
+
+
+def _spellings(setting: Setting[Any], namespace: str | None) -> tuple[str, ...]:
+    """The keys *setting* may be given under, in the order Celery looks them up."""
+    if not namespace:
+        return (setting.key,)
+    prefix = namespace.rstrip("_") + "_"
+    return (_match_case(prefix + setting.key, prefix), setting.key)
+
+
+def _is_extras_key(key: object, namespace: str | None) -> bool:
+    if not isinstance(key, str):
+        return False
+    if key.startswith(PREFIX):
+        return True
+    if not namespace:
+        return False
+    return key.upper().startswith(namespace.rstrip("_").upper() + "_" + PREFIX.upper())
+
+
+def validate(
+    conf: Mapping[str, Any], settings: Iterable[Setting[Any]], namespace: str | None = None
+) -> dict[str, Any]:
     """Check every ``extras_*`` key of *conf*; return ``{name: value}`` with defaults filled in.
 
     Raises :class:`ImproperlyConfigured` for an unknown ``extras_*`` key (with the
-    closest known name) or for a value its setting rejects.
+    closest known name) or for a value its setting rejects. With a *namespace*
+    (``app.config_from_object(..., namespace="CELERY")``), ``CELERY_EXTRAS_*`` keys
+    are checked the same way and errors name them as written.
     """
-    known = {s.key: s for s in settings}
+    settings = tuple(settings)
+    known = {key: s for s in settings for key in _spellings(s, namespace)}
     for key in conf:
-        if isinstance(key, str) and key.startswith(PREFIX) and key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
+        if _is_extras_key(key, namespace) and key not in known:
+            style = [k for k in known if k.isupper() == key.isupper()] or list(known)
+            close = difflib.get_close_matches(key, style, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ImproperlyConfigured(f"{key}: unknown celery-extras setting{hint}")
-    return {s.name: s.check(key, conf.get(key, s.default)) for key, s in known.items()}
+    values: dict[str, Any] = {}
+    for setting in settings:
+        for key in _spellings(setting, namespace):
+            if key in conf:
+                values[setting.name] = setting.check(key, conf[key])
+                break
+        else:
+            values[setting.name] = setting.check(setting.key, setting.default)
+    return values
+
+
+class ExtrasSettings(Mapping[str, Any]):
+    """The validated celery-extras settings of one app: read-only, defaults filled in.
+
+    ``settings["stats_interval"]`` gives a value by name (without the prefix);
+    ``settings[STATS_INTERVAL]`` (a :class:`Setting`) gives it typed. Returned by
+    :func:`settings_of`, which validates an app's settings once and hands the same
+    object out until an ``extras_*`` value of the app changes.
+    """
+
+    __slots__ = ("_values",)
+    _values: dict[str, Any]
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_values", dict(values))
+
+    @overload
+    def __getitem__(self, key: Setting[T]) -> T: ...
+    @overload
+    def __getitem__(self, key: str) -> Any: ...
+    def __getitem__(self, key: Setting[Any] | str) -> Any:
+        return self._values[key.name if isinstance(key, Setting) else key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"ExtrasSettings is read-only (setting {name!r})")
+
+    def __repr__(self) -> str:
+        return f"ExtrasSettings({self._values!r})"
+
+
+_declared: weakref.WeakKeyDictionary[Celery, tuple[Setting[Any], ...]] = weakref.WeakKeyDictionary()
+_validated: weakref.WeakKeyDictionary[
+    Celery, tuple[tuple[Setting[Any], ...], dict[str, Any], ExtrasSettings]
+] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def declare(app: Celery, settings: Iterable[Setting[Any]]) -> None:
+    """Make *settings* the ones *app* accepts (``install(app)`` declares every capability's)."""
+    with _lock:
+        _declared[app] = tuple(settings)
+
+
+def declared_settings(app: Celery) -> tuple[Setting[Any], ...]:
+    """Every setting *app* accepts: the core ones, then each capability's (empty: not installed)."""
+    return _declared.get(app, ())
+
+
+def _given(app: Celery) -> dict[str, Any]:
+    """The ``extras_*`` keys of *app*'s configuration, as given."""
+    namespace = app.namespace
+    conf = app.conf
+    return {key: conf[key] for key in conf if _is_extras_key(key, namespace)}
+
+
+def _snapshot(given: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return copy.deepcopy(given)
+    except Exception:  # a value that cannot be copied: compare it as it is
+        return dict(given)
+
+
+def settings_of(app: Celery) -> ExtrasSettings:
+    """The app's validated celery-extras settings (see :class:`ExtrasSettings`).
+
+    Validated once per app; validated again only when an ``extras_*`` value of the
+    app changed since (``install(app, **options)``, ``app.conf.update(...)``).
+    Raises :class:`ImproperlyConfigured` naming a bad setting, or when celery-extras
+    is not installed on *app*.
+    """
+    declared = _declared.get(app)
+    if declared is None:
+        raise ImproperlyConfigured(
+            f"celery-extras is not installed on {app!r}: call celery_extras.install(app)"
+        )
+    given = _given(app)
+    cached = _validated.get(app)
+    if cached is not None and cached[0] is declared:
+        try:
+            same = cached[1] == given
+        except Exception:  # a value that cannot be compared: validate again
+            same = False
+        if same:
+            return cached[2]
+    settings = ExtrasSettings(validate(app.conf, declared, app.namespace))
+    with _lock:
+        _validated[app] = (declared, _snapshot(given), settings)
+    return settings

@@ -9,9 +9,28 @@ from __future__ import annotations
 
 from celery.utils.dispatch import Signal
 
-__all__ = ["task_rate_limited"]
+__all__ = [
+    "task_concurrency_limited",
+    "task_parked",
+    "task_rate_limited",
+    "task_released",
+]
 
 #: Sent in the worker's main process when a task must wait for a token (held in the
-#: worker or handed back to the broker with an ETA). ``sender`` is the task name;
+#: worker or parked in the delay store). ``sender`` is the task name;
 #: ``request`` the :class:`celery.worker.request.Request`; ``wait`` the seconds to wait.
 task_rate_limited = Signal(name="task_rate_limited", providing_args={"request", "wait"})
+
+#: Sent in the worker's main process when a task is parked in the delay store (its wait
+#: outlasts the prefetch window). ``sender`` is the task name; ``request`` the request
+#: (``None`` for a retry parked from the pool, which sends it in that pool process, and for
+#: an ETA task parked on arrival); ``due`` the seconds until it is due.
+task_parked = Signal(name="task_parked", providing_args={"request", "due"})
+
+#: Sent in the worker's main process when a mover publishes a parked task back to its
+#: queue. ``sender`` is the task name; ``task_id`` its id.
+task_released = Signal(name="task_released", providing_args={"task_id"})
+
+#: Sent in the worker's main process when a task must wait for a concurrency slot.
+#: ``sender`` is the task name; ``request`` the request.
+task_concurrency_limited = Signal(name="task_concurrency_limited", providing_args={"request"})

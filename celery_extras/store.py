@@ -4,21 +4,66 @@ Durable revokes, global token buckets and per-item failure counts live here.
 The store is ``extras_redis_url`` when set, else the broker when it is Redis,
 else the result backend when it is Redis; with none of them it is absent, and
 each feature that needs it says so when the worker starts.
+
+Three kinds of store, by URL:
+
+* a single Redis: ``redis://``, ``rediss://``, ``unix://``;
+* Redis behind Sentinel: ``sentinel://host:port;sentinel://host:port/db``, with
+  ``extras_redis_options = {"master_name": ...}`` (when the store is the broker,
+  Celery's ``broker_transport_options`` give ``master_name`` and
+  ``sentinel_kwargs``, as they do for the broker); the client asks the Sentinels
+  for the master and asks again after a failover;
+* a Redis Cluster: ``redis+cluster://host:port`` (``rediss+cluster://`` for TLS;
+  several start-up nodes separated by ``;``), or any ``redis://`` URL with
+  ``extras_redis_options = {"cluster": True}``; the client follows ``MOVED`` and
+  ``ASK`` redirections and re-reads the slot map.
+
+Every script of the package touches keys of one hash slot only (see the docs'
+"Store topologies"), so all three run the same code. :func:`redis_client` is the
+one way the package gets its client.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeAlias, cast
+from urllib.parse import unquote, urlsplit
 
 import redis
 from celery import Celery
+from redis.backoff import ExponentialBackoff
+from redis.cluster import ClusterNode
+from redis.commands.core import Script
+from redis.exceptions import RedisClusterException
+from redis.retry import Retry
+from redis.sentinel import Sentinel
 
-__all__ = ["StoreUnavailable", "redis_client", "store_key", "store_url"]
+from .settings import KEY_PREFIX, REDIS_OPTIONS, REDIS_URL, settings_of
+
+__all__ = [
+    "LazyCluster",
+    "StoreClient",
+    "StoreUnavailable",
+    "connect",
+    "redis_client",
+    "store_key",
+    "store_kind",
+    "store_options",
+    "store_url",
+]
+
+#: The client of the store: a ``redis.Redis`` (single or Sentinel-managed) or a ``RedisCluster``.
+StoreClient: TypeAlias = "redis.Redis | redis.RedisCluster"
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-_clients: weakref.WeakKeyDictionary[Celery, redis.Redis] = weakref.WeakKeyDictionary()
+_CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+_SENTINEL_SCHEME = "sentinel://"
+#: Socket timeouts of the store's connections, seconds.
+TIMEOUT = 2.0
+
+_clients: weakref.WeakKeyDictionary[Celery, StoreClient] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -31,23 +76,210 @@ def _as_redis_url(url: Any) -> str | None:
         return None
     if url.startswith(("redis+socket://", "socket://")):  # kombu's unix-socket spelling
         return "unix://" + url.split("://", 1)[1]
-    return url if url.startswith(_REDIS_SCHEMES) else None
+    if url.startswith((*_REDIS_SCHEMES, *_CLUSTER_SCHEMES, _SENTINEL_SCHEME)):
+        return url
+    return None
+
+
+def _broker_url(app: Celery) -> str | None:
+    broker = app.conf.broker_url
+    first = broker[0] if isinstance(broker, list | tuple) and broker else broker
+    if not isinstance(first, str):
+        return None
+    if first.startswith(_SENTINEL_SCHEME):
+        return first  # sentinel://a;sentinel://b is one broker, its Sentinels listed
+    return first.split(";")[0]
+
+
+def _store_is_broker(app: Celery) -> bool:
+    return not settings_of(app)[REDIS_URL] and _as_redis_url(_broker_url(app)) is not None
 
 
 def store_url(app: Celery) -> str | None:
     """The URL of the store's Redis, or ``None`` when the app has no Redis at all."""
-    configured: str | None = app.conf.get("extras_redis_url")
+    configured = settings_of(app)[REDIS_URL]
     if configured:
         return configured
-    broker = app.conf.broker_url
-    first_broker = broker[0] if isinstance(broker, list | tuple) and broker else broker
-    if isinstance(first_broker, str):
-        first_broker = first_broker.split(";")[0]
-    return _as_redis_url(first_broker) or _as_redis_url(app.conf.result_backend)
+    return _as_redis_url(_broker_url(app)) or _as_redis_url(app.conf.result_backend)
 
 
-def redis_client(app: Celery) -> redis.Redis:
-    """The app's store client (one per app, thread-safe, short socket timeouts)."""
+def store_options(app: Celery) -> dict[str, Any]:
+    """``extras_redis_options`` over, when the store is the broker, the broker's
+    ``broker_transport_options`` for ``master_name`` and ``sentinel_kwargs``."""
+    options: dict[str, Any] = {}
+    if _store_is_broker(app):
+        transport = app.conf.broker_transport_options or {}
+        options.update(
+            {k: transport[k] for k in ("master_name", "sentinel_kwargs") if k in transport}
+        )
+    configured: dict[str, Any] = settings_of(app)[REDIS_OPTIONS]
+    options.update(configured)
+    return options
+
+
+def store_kind(url: str, options: Mapping[str, Any]) -> str:
+    """``"cluster"``, ``"sentinel"`` or ``"redis"``: how the store at *url* is reached."""
+    if url.startswith(_CLUSTER_SCHEMES) or (
+        url.startswith(_REDIS_SCHEMES) and options.get("cluster")
+    ):
+        return "cluster"
+    if url.startswith(_SENTINEL_SCHEME):
+        return "sentinel"
+    return "redis"
+
+
+def _retry() -> Retry:
+    """One quick retry on a lost connection (a failover, a restart): a call in flight goes
+    to the new master; longer outages fall to each feature's own outage behaviour."""
+    return Retry(ExponentialBackoff(cap=0.2, base=0.05), retries=1)
+
+
+def _common() -> dict[str, Any]:
+    return {
+        "socket_timeout": TIMEOUT,
+        "socket_connect_timeout": TIMEOUT,
+        "decode_responses": True,
+        "retry": _retry(),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+    }
+
+
+def connect(url: str, options: Mapping[str, Any]) -> StoreClient:
+    """A new client for the store at *url*; :class:`ValueError` naming what is wrong."""
+    kind = store_kind(url, options)
+    if kind == "cluster":
+        return _cluster(url)
+    if kind == "sentinel":
+        return _sentinel(url, options)
+    return redis.Redis.from_url(url, health_check_interval=30, **_common())
+
+
+def _cluster(url: str) -> redis.RedisCluster:
+    parts = [p for p in url.split(";") if p]
+    nodes = []
+    for part in parts:
+        split = urlsplit(part)
+        if not split.hostname:
+            raise ValueError(f"store URL {url!r}: no host in {part!r}")
+        nodes.append((split.hostname, split.port or 6379))
+    first = urlsplit(parts[0])
+    if first.path.strip("/") not in ("", "0"):
+        raise ValueError(f"store URL {url!r}: a Redis Cluster has database 0 only")
+    kwargs = _common()
+    kwargs.pop("retry_on_error")  # the cluster client retries its own errors, MOVED/ASK too
+    if first.password:
+        kwargs["password"] = unquote(first.password)
+    if first.username:
+        kwargs["username"] = unquote(first.username)
+    if first.scheme.startswith("rediss"):
+        kwargs["ssl"] = True
+    return cast("redis.RedisCluster", LazyCluster(nodes, kwargs))
+
+
+class _Utf8:
+    """What :class:`redis.commands.core.Script` asks of a client's encoder."""
+
+    def encode(self, value: str) -> bytes:
+        return value.encode("utf-8")
+
+
+class LazyCluster:
+    """A ``RedisCluster`` made on first use, and made again after a failed first use.
+
+    ``RedisCluster()`` reads the slot map when it is created and raises when no node
+    answers; a store that is down when the worker starts must instead behave as any
+    store outage (a :class:`redis.ConnectionError` on use, then recovery), so the
+    client is built on the first call, and errors of the cluster client that are not
+    :class:`redis.RedisError` (no node reachable) are raised as connection errors.
+    """
+
+    def __init__(self, nodes: list[tuple[str, int]], kwargs: dict[str, Any]) -> None:
+        self._nodes = nodes
+        self._kwargs = kwargs
+        self._client: redis.RedisCluster | None = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> redis.RedisCluster:
+        with self._lock:
+            if self._client is None:
+                nodes = [ClusterNode(h, p) for h, p in self._nodes]  # type: ignore[no-untyped-call]
+                try:
+                    self._client = redis.RedisCluster(startup_nodes=nodes, **self._kwargs)
+                except RedisClusterException as exc:
+                    raise redis.ConnectionError(f"Redis Cluster unreachable: {exc}") from exc
+            return self._client
+
+    def get_encoder(self) -> _Utf8:
+        return _Utf8()
+
+    def register_script(self, script: str) -> Script:
+        return Script(self, script)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._get(), name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except RedisClusterException as exc:
+                raise redis.ConnectionError(f"Redis Cluster: {exc}") from exc
+
+        return call
+
+
+def _sentinel(url: str, options: Mapping[str, Any]) -> redis.Redis:
+    master_name = options.get("master_name")
+    if not isinstance(master_name, str) or not master_name:
+        raise ValueError(
+            f"store URL {url!r} is a Sentinel URL: set extras_redis_options = "
+            '{"master_name": ...} (or master_name in broker_transport_options when the '
+            "store is the broker)"
+        )
+    sentinels, db, extra = [], 0, {}
+    for part in (p for p in url.split(";") if p):
+        split = urlsplit(part)
+        if not split.hostname:
+            raise ValueError(f"store URL {url!r}: no host in {part!r}")
+        sentinels.append((split.hostname, split.port or 26379))
+        if split.path.strip("/"):
+            try:
+                db = int(split.path.strip("/"))
+            except ValueError:
+                raise ValueError(
+                    f"store URL {url!r}: database {split.path!r} is not a number"
+                ) from None
+        if split.password:
+            extra["password"] = unquote(split.password)
+        if split.username:
+            extra["username"] = unquote(split.username)
+    sentinel_kwargs = options.get("sentinel_kwargs") or {}
+    if not isinstance(sentinel_kwargs, dict):
+        raise ValueError(
+            f"extras_redis_options sentinel_kwargs {sentinel_kwargs!r}: expected a dict"
+        )
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels,
+        sentinel_kwargs={
+            "socket_timeout": TIMEOUT,
+            "socket_connect_timeout": TIMEOUT,
+            **sentinel_kwargs,
+        },
+        **_common(),
+    )
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        master_name, db=db, **extra, **_common()
+    )
+    return master
+
+
+def redis_client(app: Celery) -> StoreClient:
+    """The app's store client (one per app, thread-safe, short socket timeouts).
+
+    A ``redis.Redis`` (single, or managed by Sentinel) or a ``redis.RedisCluster``;
+    :class:`StoreUnavailable` when there is no store or its settings are wrong.
+    """
     with _lock:
         client = _clients.get(app)
         if client is None:
@@ -57,18 +289,14 @@ def redis_client(app: Celery) -> redis.Redis:
                     "celery-extras needs a Redis store: set extras_redis_url "
                     "(the broker and result backend are not Redis)"
                 )
-            client = redis.Redis.from_url(
-                url,
-                socket_timeout=2.0,
-                socket_connect_timeout=2.0,
-                health_check_interval=30,
-                decode_responses=True,
-            )
+            try:
+                client = connect(url, store_options(app))
+            except ValueError as exc:
+                raise StoreUnavailable(str(exc)) from None
             _clients[app] = client
         return client
 
 
 def store_key(app: Celery, *parts: str) -> str:
     """A key of the store under the app's ``extras_key_prefix``."""
-    prefix = app.conf.get("extras_key_prefix") or "celery-extras"
-    return ":".join((prefix, *parts))
+    return ":".join((settings_of(app)[KEY_PREFIX], *parts))

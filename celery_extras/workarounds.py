@@ -13,6 +13,8 @@ from typing import Any
 from celery import bootsteps
 from celery.worker.consumer.connection import Connection
 
+from .compat import drop_acks, replace_connection_close, transport_channels
+
 __all__ = ["RedisCloseGuard"]
 
 logger = logging.getLogger(__name__)
@@ -44,16 +46,15 @@ class RedisCloseGuard(bootsteps.StartStopStep):
         if connection is None or connection.transport.driver_type != "redis":
             return
         transport = connection.transport  # collect() drops it before release() runs
-        connection.collect = _guarded(connection.collect, transport)
-        connection.release = connection.close = _guarded(connection.release, transport)
+        replace_connection_close(connection, lambda close: _guarded(close, transport))
 
 
 def _guarded(close: Callable[..., None], transport: Any) -> Callable[..., None]:
     """*close* (``collect`` or ``release`` of a Redis connection), made safe for the worker."""
 
     def guarded(*args: Any, **kwargs: Any) -> None:
-        for channel in list(transport.channels):  # closing a channel takes it off the list
-            channel.basic_ack = channel.basic_reject = _dropped
+        for channel in list(transport_channels(transport)):  # closing one takes it off
+            drop_acks(channel, _dropped)
         try:
             close(*args, **kwargs)
         except AttributeError as exc:

@@ -8,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from celery_extras.compat import PRIVATE  # noqa: E402
 from celery_extras.install import all_settings  # noqa: E402
 
 project = "celery-extras"
@@ -41,4 +42,25 @@ def _write_settings_table() -> None:
     (out / "settings.rst").write_text(table)
 
 
+def _write_private_table() -> None:
+    """docs/_generated/private.rst: one row per private Celery/kombu attribute in compat.py."""
+    rows = []
+    for entry in PRIVATE:
+        since = f" (Celery {entry.since}+)" if entry.since else ""
+        without = entry.fallback or "required: the worker does not start"
+        rows.append(
+            f"   * - ``{entry.name}``{since}\n     - {entry.expects}\n"
+            f"     - {entry.used_by}\n     - {without}\n"
+        )
+    table = (
+        ".. list-table::\n   :header-rows: 1\n   :widths: 30 25 25 20\n\n"
+        "   * - attribute\n     - shape relied on\n     - used by\n     - without it\n"
+        + "".join(rows)
+    )
+    out = Path(__file__).parent / "_generated"
+    out.mkdir(exist_ok=True)
+    (out / "private.rst").write_text(table)
+
+
 _write_settings_table()
+_write_private_table()

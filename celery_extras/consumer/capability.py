@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..bounds import shown
 from ..capability import Capability
+from ..checks import is_int
 from ..settings import Setting, number, optional, reject
 from .step import FairQueues
 
@@ -18,8 +20,8 @@ def queue_weights(key: str, value: Any) -> dict[str, int]:
     for name, weight in value.items():
         if not isinstance(name, str) or not name:
             raise reject(key, "queue names as non-empty strings", name)
-        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
-            raise reject(f"{key}[{name!r}]", "an integer weight >= 1", weight)
+        if not is_int(weight, minimum=1):
+            raise reject(f"{key}[{shown(name)}]", "an integer weight >= 1", weight)
     return dict(value)
 
 

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
-from celery.worker import state
 from celery.worker.consumer.tasks import Tasks
 
+from ..compat import pool_poll_start, reserved_requests
+from ..settings import settings_of
 from .task_consumer import FairTaskConsumer
 
 __all__ = ["FairQueues"]
@@ -33,8 +34,6 @@ class FairQueues(bootsteps.StartStopStep):
     requires = (Tasks,)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
-        from ..install import settings_of  # install imports this module
-
         settings = settings_of(c.app)
         self.weights: dict[str, int] | None = settings["queue_weights"]
         self.prefetch: int | None = settings["queue_prefetch"]
@@ -52,7 +51,7 @@ class FairQueues(bootsteps.StartStopStep):
         if unknown:
             logger.warning("extras_queue_weights names queues this worker does not consume: %s",
                            ", ".join(unknown))  # fmt: skip
-        self._pool_tick = getattr(getattr(c.pool, "_pool", None), "on_poll_start", None)
+        self._pool_tick = pool_poll_start(c.pool)
         self.fair = c.task_consumer = FairTaskConsumer(
             c, self.weights, self.prefetch or max(1, c.max_prefetch_count), self._room(c)
         )  # not initial_prefetch_count: Celery lowers it after a reconnect, while tasks run
@@ -82,9 +81,11 @@ class FairQueues(bootsteps.StartStopStep):
         if c.hub is None:  # no event loop to drain on: hand messages on as they come
             return lambda: True
 
+        reserved = reserved_requests()
+
         def room() -> bool:  # a process is free: anything queued in the pool waits FIFO
             limit: int = getattr(c.controller, "max_concurrency", None) or c.pool.num_processes
-            return len(state.reserved_requests) < limit
+            return len(reserved) < limit
 
         return room
 
@@ -108,6 +109,7 @@ class FairQueues(bootsteps.StartStopStep):
         return {
             "extras_queues": {
                 "weights": dict(fair.order.weights),
+                "served_first": list(fair.first),
                 "prefetch_per_queue": fair.prefetch + fair.extra,
                 "buffered": fair.buffered(),
                 "dispatched": dict(fair.dispatched),

@@ -8,6 +8,10 @@ worker's task handler (``on_message``, set by Celery's event loop: strategies,
 ETA, rate limits and revokes work as usual) in weighted order, and only while
 ``room()`` says the pool can take more, so the pool never queues up a backlog of
 one queue ahead of another.
+
+The delay store's due queues (``<queue>.extras-due``) stand outside the weighted
+order and are served first: a parked task released for its slot or its ETA must
+not wait behind the backlog of its queue.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 from kombu.entity import Queue
 from kombu.message import Message
 
+from ..delay.entry import DUE_SUFFIX
 from .weighted_cycle import WeightedOrder
 
 __all__ = ["FairTaskConsumer"]
@@ -48,9 +53,11 @@ class FairTaskConsumer:
         self.room = room
         self.on_message: Callable[[Message], Any] | None = None
         self.consumers: dict[str, Any] = {}
+        self.retired: dict[str, Any] = {}  # cancelled queues' consumers, channels still open
         self.buffers: dict[str, deque[Message]] = {}
         self.dispatched: dict[str, int] = {}
         self.order: WeightedOrder[str] = WeightedOrder({})
+        self.first: list[str] = []  # due queues, served before the weighted order
         # kept: c.connection is None by the time a lost connection stops the consumer
         self.errors = (*c.connection.connection_errors, *c.connection.channel_errors)
         for queue in c.app.amqp.queues.consume_from.values():
@@ -68,6 +75,14 @@ class FairTaskConsumer:
     def add_queue(self, queue: Queue) -> None:
         if queue.name in self.consumers:
             return
+        retired = self.retired.pop(queue.name, None)
+        if retired is not None:  # consumed again: its channel is still open (see cancel_by_queue)
+            self.consumers[queue.name] = retired
+            self._set_prefetch(retired)
+            self.buffers.setdefault(queue.name, deque())
+            self.dispatched.setdefault(queue.name, 0)
+            self._reorder()
+            return
         channel = self.c.connection.channel()
         consumer = self.c.app.amqp.TaskConsumer(
             channel,
@@ -79,17 +94,23 @@ class FairTaskConsumer:
         self._set_prefetch(consumer)
         self.buffers.setdefault(queue.name, deque())
         self.dispatched.setdefault(queue.name, 0)
-        self.order.update({name: self.weights.get(name, 1) for name in self.consumers})
+        self._reorder()
 
     def cancel_by_queue(self, name: str) -> None:
-        """Stop consuming *name*; its buffered messages go back to the broker with the channel."""
+        """Stop consuming *name*; its buffered messages go back to the broker at once.
+
+        The channel stays open until :meth:`close` (or the queue is consumed again):
+        kombu 5.5's Redis transport stalls the worker's event loop for good when one
+        channel of its connection is closed while the loop runs.
+        """
         consumer = self.consumers.pop(name, None)
         if consumer is None:
             return
-        self.buffers.pop(name, None)
-        self.order.update({n: self.weights.get(n, 1) for n in self.consumers})
+        self._reorder()
         self._quietly(consumer.cancel)
-        self._quietly(consumer.channel.close)
+        for message in self.buffers.pop(name, None) or ():
+            self._quietly(message.requeue)
+        self.retired[name] = consumer
 
     def consume(self, no_ack: bool | None = None) -> None:
         for consumer in self.consumers.values():
@@ -102,9 +123,10 @@ class FairTaskConsumer:
     def close(self) -> None:
         """Cancel and close every channel; unacked buffered messages return to the broker."""
         self.cancel()
-        for consumer in self.consumers.values():
+        for consumer in [*self.consumers.values(), *self.retired.values()]:
             self._quietly(consumer.channel.close)
         self.consumers.clear()
+        self.retired.clear()
         for buffer in self.buffers.values():
             buffer.clear()
 
@@ -134,8 +156,22 @@ class FairTaskConsumer:
         buffer.append(message)
         self.dispatch()
 
+    def _reorder(self) -> None:
+        """Weigh the consumed queues again, due queues apart (they are served first)."""
+        self.first = [name for name in self.consumers if name.endswith(DUE_SUFFIX)]
+        self.order.update(
+            {n: self.weights.get(n, 1) for n in self.consumers if not n.endswith(DUE_SUFFIX)}
+        )
+
     def _ready(self, name: str) -> bool:
         return bool(self.buffers.get(name))
+
+    def _next(self) -> str | None:
+        """The queue whose message goes next: a due queue with one, else the weighted pick."""
+        for name in self.first:
+            if self.buffers.get(name):
+                return name
+        return self.order.pick(self._ready)
 
     def dispatch(self) -> int:
         """Hand buffered messages to the worker in weighted order while the pool has room;
@@ -144,7 +180,7 @@ class FairTaskConsumer:
             return 0
         handed = 0
         while self.room():
-            name = self.order.pick(self._ready)
+            name = self._next()
             if name is None:
                 break
             message = self.buffers[name].popleft()

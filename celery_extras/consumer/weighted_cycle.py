@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
+from ..checks import is_int
+
 __all__ = ["WeightedCycle", "WeightedOrder"]
 
 R = TypeVar("R", bound=Hashable)
@@ -21,7 +23,7 @@ R = TypeVar("R", bound=Hashable)
 
 def _checked(weights: Mapping[R, int]) -> dict[R, int]:
     for resource, weight in weights.items():
-        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+        if not is_int(weight, minimum=1):
             raise ValueError(f"weight of {resource!r}: expected an integer >= 1, got {weight!r}")
     return dict(weights)
 

@@ -1,7 +1,7 @@
 """Per-task token-bucket limits and client-go style retry policies."""
 
 from .counts import Counts, MemoryCounts
-from .decorators import limit, retry_policy
+from .decorators import concurrency, limit, retry_policy
 from .rate import parse_rate
 from .retry import retry_memory
 from .retry_limiters import (
@@ -28,6 +28,7 @@ __all__ = [
     "RetryPolicy",
     "TokenBucket",
     "WithMaxWait",
+    "concurrency",
     "limit",
     "parse_rate",
     "retry_memory",

@@ -7,7 +7,8 @@ from typing import Any
 from celery import Celery, bootsteps
 
 from ..capability import Capability
-from ..settings import Setting, choice, number
+from ..settings import Setting, choice, number, settings_of
+from .concurrency import SLOTS_ATTR, SlotGate
 from .decorators import track_app
 from .enforce import ENFORCER_ATTR, Enforcer
 
@@ -15,28 +16,38 @@ __all__ = ["POLICIES", "PoliciesStep"]
 
 
 class PoliciesStep(bootsteps.StartStopStep):
-    """Consumer step owning the worker's :class:`~.enforce.Enforcer` (limits before the pool)."""
+    """Consumer step owning the worker's :class:`~.enforce.Enforcer` (limits before the pool)
+    and :class:`~.concurrency.SlotGate` (concurrency slots, after the limits)."""
 
     label = "extras-policies"
     requires = ("celery.worker.consumer.connection:Connection",)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
-        from ..install import settings_of  # install imports this module
-
         setattr(c, ENFORCER_ATTR, Enforcer(c.app, settings_of(c.app)))
+        setattr(c, SLOTS_ATTR, SlotGate(c.app, settings_of(c.app)))
 
     def start(self, c: Any) -> None:
-        getattr(c, ENFORCER_ATTR).load_overrides()
+        enforcer: Enforcer = getattr(c, ENFORCER_ATTR)
+        enforcer.load_overrides()
+        enforcer.announce(*enforcer.overrides)
+        getattr(c, SLOTS_ATTR).start(c)
 
     def stop(self, c: Any) -> None:
         getattr(c, ENFORCER_ATTR).stop()
+        getattr(c, SLOTS_ATTR).stop()
 
     def shutdown(self, c: Any) -> None:
         getattr(c, ENFORCER_ATTR).stop()
+        getattr(c, SLOTS_ATTR).stop()
 
     def info(self, c: Any) -> dict[str, Any]:
-        return {"extras_policies": getattr(c, ENFORCER_ATTR).info()}
+        return {
+            "extras_policies": {
+                **getattr(c, ENFORCER_ATTR).info(),
+                "concurrency": getattr(c, SLOTS_ATTR).info(),
+            }
+        }
 
 
 def _connect(app: Celery) -> None:
@@ -54,8 +65,9 @@ POLICIES = Capability(
             number(minimum=0),
             "float",
             "Longest wait (seconds) a rate-limited task is held in the worker (no pool slot, "
-            "prefetch window widened). A longer wait hands the message back to the broker "
-            "with the ETA of its booked slot (published again, then the original acked).",
+            "prefetch window widened). A longer wait parks the message in the delay store "
+            "with its booked slot (stored, then the original acked); so does a retry whose "
+            "countdown is longer.",
         ),
         Setting(
             "limit_on_store_error",
@@ -66,6 +78,16 @@ POLICIES = Capability(
             "applies the same rate per worker, ``'allow'`` runs tasks unlimited, ``'delay'`` "
             "keeps each task waiting (unacked, never lost) and asks the store again every "
             "``extras_limit_store_retry`` seconds. Logged once per outage.",
+        ),
+        Setting(
+            "concurrency_on_store_error",
+            "local",
+            choice("local", "allow", "delay"),
+            "str",
+            "What a global ``concurrency()`` does while its Redis store cannot be reached: "
+            "``'local'`` applies the same cap per worker, ``'allow'`` runs tasks without a cap, "
+            "``'delay'`` keeps each task waiting (unacked, never lost, no pool slot) and asks "
+            "the store again every ``extras_limit_store_retry`` seconds. Logged once per outage.",
         ),
         Setting(
             "limit_store_retry",

@@ -1,28 +1,50 @@
-"""``celery extras limit TASK RATE``: change a limit at run time, cluster-wide.
+"""``celery extras limit TASK RATE`` and ``celery extras concurrency TASK N``: change a
+limit or a concurrency cap at run time, cluster-wide.
 
 The new rate is written to the store (global buckets read it on every acquire;
 workers started later load it) and broadcast to the running workers with the
 ``extras_limit`` control command (worker-scope buckets change at once).
+``--reset`` removes it from the store and, with ``extras_limit_reset``, from the
+running workers; ``--show`` lists what is stored and what each worker applies.
+A task that no worker limits (and whose app declares no ``limit()``) is refused:
+a stored rate would silently wait for it forever. A new concurrency cap is
+written to the store's ``<prefix>:concurrency`` hash, which every worker reads
+at most every second, for global and worker-scope slots alike.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
 from celery.worker.control import control_command, ok
 from celery.worker.control import nok as not_ok
 
+from ..bounds import shown
+from ..checks import is_int
 from ..store import redis_client, store_key
 from .enforce import ENFORCER_ATTR, Enforcer
 from .global_bucket import GlobalBucket, Override
-from .rate import format_rate, parse_rate
+from .rate import format_rate, parse_burst, parse_rate
+from .slot_store import SlotStore
+from .spec import MAX_CONCURRENCY
 
-__all__ = ["extras_limit", "set_limit"]
+__all__ = [
+    "extras_limit",
+    "extras_limit_reset",
+    "limited_tasks",
+    "reset_limit",
+    "set_concurrency",
+    "set_limit",
+    "show_limits",
+]
+
+logger = logging.getLogger(__name__)
 
 
 def extras_limit(
-    state: Any, task_name: str, rate: str, burst: int | None = None, **kwargs: Any
+    state: Any, task_name: Any = None, rate: Any = None, burst: Any = None, **kwargs: Any
 ) -> dict[str, Any]:
     """Set the celery-extras limit of a task on this worker."""
     enforcer: Enforcer | None = getattr(state.consumer, ENFORCER_ATTR, None)
@@ -40,6 +62,75 @@ control_command(
 )(extras_limit)
 
 
+def extras_limit_reset(state: Any, task_name: Any = None, **kwargs: Any) -> dict[str, Any]:
+    """Drop the run-time rate of a task on this worker: back to its ``limit()``."""
+    enforcer: Enforcer | None = getattr(state.consumer, ENFORCER_ATTR, None)
+    if enforcer is None:
+        return dict(not_ok("celery-extras policies are not installed on this worker"))
+    if not isinstance(task_name, str) or task_name not in enforcer.specs:
+        return dict(not_ok(f"task {shown(task_name)} has no limit() on this worker"))
+    had = enforcer.overrides.pop(task_name, None)
+    enforcer._retune(task_name)
+    spec = enforcer.specs[task_name]
+    back = f"{task_name}: back to {spec.text} (burst {spec.burst}, {spec.scope})"
+    return dict(ok(back if had is not None else back + "; it had no run-time rate"))
+
+
+control_command(args=[("task_name", str)], signature="<task_name>")(extras_limit_reset)
+
+
+def limited_tasks(app: Celery, timeout: float = 1.0) -> dict[str, dict[str, Any]]:
+    """Every limited task: ``{name: {"app": describe() | None, "workers": {host: entry}}}``.
+
+    From the workers' ``inspect stats`` (what each applies) and from *app*'s own
+    task registry (the ``limit()`` it declares, so a limit can be set before any
+    worker runs).
+    """
+    from .registry import policies_of
+
+    found: dict[str, dict[str, Any]] = {}
+    try:
+        app.loader.import_default_modules()
+    except Exception as exc:  # the project's modules may need what only workers have
+        logger.debug("celery-extras: could not import the app's task modules: %r", exc)
+    for name, task in sorted(app.tasks.items()):
+        policies = policies_of(task)
+        if policies is not None and policies.limit is not None:
+            found[name] = {"app": policies.limit.describe(), "workers": {}}
+    replies = app.control.inspect(timeout=timeout).stats() or {}
+    for host, reply in sorted(replies.items()):
+        info = reply.get("extras_policies") if isinstance(reply, dict) else None
+        limits = info.get("limits") if isinstance(info, dict) else None
+        if not isinstance(limits, dict):
+            continue
+        for name, entry in limits.items():
+            found.setdefault(name, {"app": None, "workers": {}})["workers"][host] = entry
+    return found
+
+
+def show_limits(app: Celery, timeout: float = 1.0) -> dict[str, Any]:
+    """``{"stored": {name: rate text}, "tasks": limited_tasks(...)}`` for ``--show``."""
+    stored: dict[str, Any] = {}
+    for name, raw in GlobalBucket(redis_client(app), store_key(app)).overrides().items():
+        try:
+            override = Override.loads(raw)
+        except ValueError as exc:
+            stored[name] = f"unreadable: {exc}"
+            continue
+        burst = f" burst {override.burst}" if override.burst else ""
+        stored[name] = (override.text or format_rate(override.rate)) + burst
+    return {"stored": stored, "tasks": limited_tasks(app, timeout)}
+
+
+def reset_limit(app: Celery, task_name: str, timeout: float = 1.0) -> list[dict[str, Any]]:
+    """Remove *task_name*'s stored rate and drop it on the running workers; their replies."""
+    GlobalBucket(redis_client(app), store_key(app)).set_override(task_name, None)
+    replies: list[dict[str, Any]] = app.control.broadcast(
+        "extras_limit_reset", arguments={"task_name": task_name}, reply=True, timeout=timeout
+    )
+    return replies
+
+
 def set_limit(
     app: Celery, task_name: str, rate: str, burst: int | None = None, timeout: float = 1.0
 ) -> list[dict[str, Any]]:
@@ -48,12 +139,24 @@ def set_limit(
     Raises :class:`ValueError` for a bad rate or burst before anything is changed.
     """
     per_second = parse_rate(rate)
-    if burst is not None and burst < 1:
-        raise ValueError(f"burst {burst!r}: expected an integer >= 1")
-    override = Override(per_second, burst, rate if isinstance(rate, str) else format_rate(rate))
+    checked = None if burst is None else parse_burst(burst)
+    text = rate.strip() if isinstance(rate, str) else format_rate(per_second)
+    override = Override(per_second, checked, text)
     GlobalBucket(redis_client(app), store_key(app)).set_override(task_name, override)
     arguments: dict[str, Any] = {"task_name": task_name, "rate": rate, "burst": burst}
     replies: list[dict[str, Any]] = app.control.broadcast(
         "extras_limit", arguments=arguments, reply=True, timeout=timeout
     )
     return replies
+
+
+def set_concurrency(app: Celery, task_name: str, n: int | None) -> None:
+    """Store the cap of *task_name* (``None``: back to the task's own ``concurrency(n)``).
+
+    Raises :class:`ValueError` for a bad *n* before anything is changed.
+    """
+    if not isinstance(task_name, str) or not task_name:
+        raise ValueError(f"task name {task_name!r}: expected a task name")
+    if n is not None and not is_int(n, minimum=1, maximum=MAX_CONCURRENCY):
+        raise ValueError(f"n {n!r}: expected an int from 1 to {MAX_CONCURRENCY}")
+    SlotStore(redis_client(app), store_key(app)).set_cap(task_name, n)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Counts", "CountsFactory", "MemoryCounts", "memory_counts"]
+__all__ = ["Counts", "CountsFactory", "MemoryCounts"]
 
 
 class Counts(Protocol):
@@ -49,8 +49,3 @@ class MemoryCounts:
 
     def forget(self, item: str) -> None:
         self.failures.pop(item, None)
-
-
-def memory_counts(path: str) -> Counts:
-    """A :data:`CountsFactory` giving each limiter its own :class:`MemoryCounts`."""
-    return MemoryCounts()

@@ -1,4 +1,4 @@
-"""``limit(...)`` and ``retry_policy(...)``: stacked above ``@app.task`` / ``@shared_task``.
+"""``limit``, ``concurrency`` and ``retry_policy``: stacked above ``@app.task`` / ``@shared_task``.
 
 Each checks its arguments at once (errors name the task and the argument),
 records the policy on the task's function (see :mod:`.registry`) and applies it
@@ -18,9 +18,9 @@ from .enforce import limited_strategy
 from .registry import policies_of, record, target_of, tasks_made_from
 from .retry import install_retry
 from .retry_limiters import RetryPolicy
-from .spec import KeyFunc, LimitSpec, RetrySpec
+from .spec import ConcurrencySpec, KeyFunc, LimitSpec, RetrySpec
 
-__all__ = ["apply_policies", "limit", "retry_policy", "track_app"]
+__all__ = ["apply_policies", "concurrency", "limit", "retry_policy", "track_app"]
 
 T = TypeVar("T")
 
@@ -46,6 +46,30 @@ def limit(
     def decorate(task: T) -> T:
         fun, name = target_of(task)
         record(fun).limit = LimitSpec.build(name, rate, burst, scope, key)
+        _apply_everywhere(fun)
+        return task
+
+    return decorate
+
+
+def concurrency(
+    n: int,
+    *,
+    key: KeyFunc | None = None,
+    scope: str = "global",
+    lease: float = 30.0,
+) -> Callable[[T], T]:
+    """Run at most *n* tasks of this name at once (per ``key(args, kwargs)`` if given).
+
+    ``scope="global"``: slots shared by every worker (on Redis), each leased for *lease*
+    seconds and renewed while its task runs, so a dead worker's slot comes back;
+    ``scope="worker"``: slots per worker. A task that must wait never holds a pool slot,
+    never runs over the cap and is never lost.
+    """
+
+    def decorate(task: T) -> T:
+        fun, name = target_of(task)
+        record(fun).concurrency = ConcurrencySpec.build(name, n, key, scope, lease)
         _apply_everywhere(fun)
         return task
 
@@ -81,7 +105,8 @@ def apply_to_task(task: Task) -> None:
     policies = policies_of(task)
     if policies is None:
         return
-    if policies.limit is not None and task.__dict__.get("Strategy") != _STRATEGY:
+    gated = policies.limit is not None or policies.concurrency is not None
+    if gated and task.__dict__.get("Strategy") != _STRATEGY:
         task._extras_strategy = task.Strategy
         task.Strategy = _STRATEGY
     if policies.retry is not None:
@@ -90,7 +115,7 @@ def apply_to_task(task: Task) -> None:
 
 def apply_policies(sender: Celery, **kwargs: Any) -> None:
     """Apply recorded policies to every task of a finalized app (``on_after_finalize``)."""
-    for task in list(sender._tasks.values()):
+    for task in list(sender.tasks.values()):  # finalized: no second finalize
         apply_to_task(task)
 
 

@@ -16,7 +16,7 @@ __all__ = ["RedisCounts", "redis_counts"]
 class RedisCounts:
     """:class:`~celery_extras.policies.counts.Counts` under *prefix* in *client*'s Redis."""
 
-    def __init__(self, client: redis.Redis, prefix: str, ttl: float) -> None:
+    def __init__(self, client: redis.Redis | redis.RedisCluster, prefix: str, ttl: float) -> None:
         self.client = client
         self.prefix = prefix
         self.ttl_ms = max(1, int(ttl * 1000))
@@ -42,7 +42,9 @@ class RedisCounts:
         self.client.delete(self.key(item))
 
 
-def redis_counts(client: redis.Redis, prefix: str, ttl: float) -> CountsFactory:
+def redis_counts(
+    client: redis.Redis | redis.RedisCluster, prefix: str, ttl: float
+) -> CountsFactory:
     """A factory giving each limiter of a composite policy its own keys under *prefix*."""
 
     def counts(path: str) -> Counts:

@@ -5,45 +5,67 @@ arithmetic as :class:`~celery_extras.policies.token_bucket.TokenBucket`) in
 microseconds of the *Redis server's* clock (``TIME``), so workers whose clocks
 disagree still share one exact rate. Each acquire books a slot and returns the
 exact wait until it (0: go now). A bucket key expires as soon as the bucket is
-full again, so idle per-key buckets cost nothing. A rate changed at run time
-(``celery extras limit``) sits in one hash the script reads on every acquire.
-No Celery import: the client is any ``redis.Redis``.
+full again, so idle per-key buckets cost nothing.
+
+The script touches one key, the bucket (``<prefix>:bucket:<task>:<key>``), so it
+runs on a Redis Cluster whatever slot the bucket hashes to, and per-key buckets
+spread over every master. A rate changed at run time (``celery extras limit``)
+sits in one hash, ``<prefix>:limits``, which the bucket reads at most every
+:data:`OVERRIDE_REFRESH` seconds and hands to the script.
+
+Each bucket object remembers the last slot it booked per bucket key and passes it
+as a floor: if a failover dropped the bucket's last writes (asynchronous
+replication), the new master's bucket starts no earlier than what this worker
+already booked, so a lost write delays tasks instead of letting extra ones run.
+No Celery import: the client is any ``redis.Redis`` or ``redis.RedisCluster``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
-from typing import cast
+import time
+from collections.abc import Callable
+from typing import Any, cast
 
-import redis
+from ..bounds import MAX_WAIT, shown
+from .rate import check_rate, parse_burst
+from .stored_table import StoredTable
 
-__all__ = ["ACQUIRE_SCRIPT", "GlobalBucket", "Override"]
+__all__ = ["ACQUIRE_SCRIPT", "OVERRIDE_REFRESH", "GlobalBucket", "Override"]
 
-#: KEYS: bucket, overrides hash. ARGV: interval us, burst, task name, tokens.
-#: Returns {wait us, interval us in force, burst in force}.
+logger = logging.getLogger(__name__)
+
+#: Seconds a bucket trusts the run-time rates it read from the store.
+OVERRIDE_REFRESH = 1.0
+#: Bucket keys whose last booked slot is remembered, at most (expired ones go first).
+MAX_FLOORS = 4096
+
+#: KEYS: bucket. ARGV: interval us, burst, tokens, longest wait us, floor us (the caller's
+#: last booked slot). Returns {wait us, interval us, burst, the new arrival time in us or 0}.
+#: A wait longer than the longest wait books nothing (the caller waits that long and asks
+#: again), so a bucket is never booked further ahead than that: a stored time beyond it is
+#: garbage and read as "now".
 ACQUIRE_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
-local raw = redis.call('HGET', KEYS[2], ARGV[3])
-if raw then
-  local ok, o = pcall(cjson.decode, raw)
-  if ok and type(o) == 'table' then
-    if type(o.rate) == 'number' and o.rate > 0 then interval = math.ceil(1000000 / o.rate) end
-    if type(o.burst) == 'number' and o.burst >= 1 then burst = math.floor(o.burst) end
-  end
-end
-local tokens = tonumber(ARGV[4])
+local tokens = tonumber(ARGV[3])
+local max_wait = tonumber(ARGV[4])
+local floor = tonumber(ARGV[5]) or 0
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-if tat < now then tat = now end
+if tat ~= tat then tat = 0 end
+if tat < floor then tat = floor end
+if tat < now or tat > now + max_wait + burst * interval then tat = now end
 local wait = tat + (tokens - burst) * interval - now
 if wait < 0 then wait = 0 end
+if wait > max_wait then return {wait, interval, burst, '0'} end
 local new_tat = tat + tokens * interval
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat),
            'PX', math.floor((new_tat - now) / 1000) + 1000)
-return {wait, interval, burst}
+return {wait, interval, burst, string.format('%.0f', new_tat)}
 """
 
 
@@ -61,29 +83,40 @@ class Override:
         return json.dumps({"rate": self.rate, "burst": self.burst, "text": self.text})
 
     @classmethod
-    def loads(cls, raw: str) -> Override:
-        """Parse a stored override; :class:`ValueError` naming what is wrong."""
+    def loads(cls, raw: object) -> Override:
+        """Parse a stored override; :class:`ValueError` naming what is wrong (briefly)."""
         try:
-            data = json.loads(raw)
-            rate, burst = data["rate"], data.get("burst")
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ValueError(f"stored limit {raw!r} is not a JSON rate: {exc}") from None
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
-            raise ValueError(f"stored limit {raw!r}: rate must be a number > 0")
-        if burst is not None and (isinstance(burst, bool) or not isinstance(burst, int)
-                                  or burst < 1):  # fmt: skip
-            raise ValueError(f"stored limit {raw!r}: burst must be an integer >= 1")
-        return cls(float(rate), burst, str(data.get("text") or ""))
+            data = json.loads(raw)  # type: ignore[arg-type]
+            rate, burst, text = data["rate"], data.get("burst"), data.get("text")
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            raise ValueError(f"stored limit {shown(raw)} is not a JSON rate: {exc}") from None
+        try:
+            rate = check_rate(rate)
+            if burst is not None:
+                burst = parse_burst(burst)
+        except ValueError as exc:
+            raise ValueError(f"stored limit {shown(raw)}: {exc}") from None
+        if not isinstance(text, str) or not 0 < len(text) <= 32:
+            text = ""
+        return cls(rate, burst, text)
 
 
 class GlobalBucket:
-    """Cluster-wide token buckets under *prefix* in *client*'s Redis."""
+    """Cluster-wide token buckets under *prefix* in *client*'s Redis (or Redis Cluster)."""
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    def __init__(
+        self, client: Any, prefix: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.client = client
         self.prefix = prefix
+        self.clock = clock
         self.overrides_key = f"{prefix}:limits"
         self._acquire = client.register_script(ACQUIRE_SCRIPT)
+        self._overrides = StoredTable(
+            client, self.overrides_key, self._parse_override, OVERRIDE_REFRESH, clock
+        )
+        self._floors: dict[str, tuple[int, float]] = {}  # key -> (slot us, forget after)
+        self._reported: set[str] = set()  # names whose ignored override was logged
 
     def bucket_key(self, name: str, key: str = "") -> str:
         return f"{self.prefix}:bucket:{name}:{key}"
@@ -94,23 +127,66 @@ class GlobalBucket:
         *rate* and *burst* are the task's own; an override stored for *name* wins.
         Raises the client's :class:`redis.RedisError` when the store cannot answer.
         """
+        override = self.stored_overrides().get(name)
+        if override is not None:
+            rate, burst = override.rate, override.burst or burst
         interval_us = max(1, math.ceil(1_000_000 / rate))
+        bucket = self.bucket_key(name, key)
+        floor = self._floors.get(bucket, (0, 0.0))[0]
+        max_wait_us = int(MAX_WAIT * 1_000_000)
         reply = cast(
-            "list[int]",
-            self._acquire(
-                keys=[self.bucket_key(name, key), self.overrides_key],
-                args=[interval_us, burst, name, tokens],
-            ),
+            "list[Any]",
+            self._acquire(keys=[bucket], args=[interval_us, burst, tokens, max_wait_us, floor]),
         )
-        return int(reply[0]) / 1_000_000
+        wait_us, new_tat = int(reply[0]), int(reply[3])
+        if new_tat:
+            self._remember(bucket, new_tat, wait_us, interval_us, burst)
+        return wait_us / 1_000_000
+
+    def _remember(self, bucket: str, slot: int, wait_us: int, interval: int, burst: int) -> None:
+        now = self.clock()
+        if len(self._floors) >= MAX_FLOORS:
+            for k in [k for k, (_, until) in self._floors.items() if until < now]:
+                del self._floors[k]
+            if len(self._floors) >= MAX_FLOORS:
+                self._floors.clear()
+        # the slot stays relevant until the bucket would be full again after it
+        self._floors[bucket] = (slot, now + (wait_us + burst * interval) / 1_000_000 + 1.0)
+
+    def stored_overrides(self) -> dict[str, Override]:
+        """The run-time rates in the store, read again once :data:`OVERRIDE_REFRESH` passed.
+
+        Entries that do not parse are skipped (the enforcer logs them when it loads them).
+        """
+        return self._overrides.values()
+
+    def _parse_override(self, task_name: str, raw: Any) -> Override | None:
+        try:
+            return Override.loads(raw)
+        except ValueError:
+            self.report_ignored(task_name, "out of bounds or not JSON")
+            return None
+
+    def report_ignored(self, name: str, reason: str) -> None:
+        """Log, once per task name, that its stored override is ignored for *reason*."""
+        if name in self._reported:
+            return
+        if len(self._reported) < 1024:
+            self._reported.add(name)
+        logger.error(
+            "celery-extras: ignoring the stored run-time limit of %s (%s; see `celery extras "
+            "limit`); the task's own limit applies",
+            shown(name), reason,
+        )  # fmt: skip
+
+    def expire_overrides(self) -> None:
+        """Read the stored run-time rates again at the next acquire (one was just changed)."""
+        self._overrides.expire()
 
     def set_override(self, name: str, override: Override | None) -> None:
         """Store (or with ``None`` remove) the run-time rate of *name*."""
-        if override is None:
-            self.client.hdel(self.overrides_key, name)
-        else:
-            self.client.hset(self.overrides_key, name, override.dumps())
+        self._overrides.set(name, None if override is None else override.dumps())
 
     def overrides(self) -> dict[str, str]:
         """Every stored run-time rate, raw: ``{task name: JSON}``."""
-        return cast("dict[str, str]", self.client.hgetall(self.overrides_key))
+        return cast("dict[str, str]", self._overrides.raw())

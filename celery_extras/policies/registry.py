@@ -16,7 +16,8 @@ from typing import Any
 from celery import Celery, Task
 from celery.local import PromiseProxy, Proxy
 
-from .spec import LimitSpec, RetrySpec
+from ..compat import promise_proxy_parts, shared_task_parts
+from .spec import ConcurrencySpec, LimitSpec, RetrySpec
 
 __all__ = ["POLICY_ATTR", "TaskPolicies", "policies_of", "target_of"]
 
@@ -25,10 +26,11 @@ POLICY_ATTR = "__extras_policies__"
 
 @dataclass
 class TaskPolicies:
-    """The limit and retry policy declared on one task function."""
+    """The limit, concurrency limit and retry policy declared on one task function."""
 
     limit: LimitSpec | None = None
     retry: RetrySpec | None = None
+    concurrency: ConcurrencySpec | None = None
 
 
 def _function_of_task(task: Task) -> Callable[..., Any] | None:
@@ -40,14 +42,6 @@ def _function_of_task(task: Task) -> Callable[..., Any] | None:
     return None
 
 
-def _closure(fun: Callable[..., Any]) -> dict[str, Any]:
-    code = getattr(fun, "__code__", None)
-    cells = getattr(fun, "__closure__", None) or ()
-    if code is None:
-        return {}
-    return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells, strict=False)}
-
-
 def target_of(task: Any) -> tuple[Callable[..., Any], str]:
     """``(function, task name)`` behind *task*; :class:`TypeError` if it is not a task.
 
@@ -56,23 +50,21 @@ def target_of(task: Any) -> tuple[Callable[..., Any], str]:
     """
     kind = type(task)
     if issubclass(kind, PromiseProxy):  # @app.task before the app is finalized
-        args = object.__getattribute__(task, "_Proxy__args")
-        opts = object.__getattribute__(task, "_Proxy__kwargs")
+        args, opts = promise_proxy_parts(task)
         if args and callable(args[0]):
             fun = args[0]
             return fun, opts.get("name") or f"{fun.__module__}.{fun.__name__}"
     elif issubclass(kind, Proxy):  # @shared_task
-        local = object.__getattribute__(task, "_Proxy__local")
-        scope = _closure(local)
-        fun = scope.get("fun")
-        if callable(fun):
-            return fun, scope.get("name") or f"{fun.__module__}.{fun.__name__}"
+        fun, name = shared_task_parts(task)
+        if fun is not None:
+            return fun, name or f"{fun.__module__}.{fun.__name__}"
     elif isinstance(task, Task):
         fun = _function_of_task(task)
         if fun is not None:
             return fun, str(task.name)
     raise TypeError(
-        f"{task!r} is not a Celery task: put limit()/retry_policy() above @app.task or @shared_task"
+        f"{task!r} is not a Celery task: put limit()/retry_policy() above @app.task or "
+        "@shared_task (concurrency() too)"
     )
 
 
@@ -94,4 +86,4 @@ def record(fun: Callable[..., Any]) -> TaskPolicies:
 
 def tasks_made_from(app: Celery, fun: Callable[..., Any]) -> list[Task]:
     """The tasks of a finalized *app* whose function is *fun*."""
-    return [t for t in app._tasks.values() if _function_of_task(t) is fun]
+    return [t for t in app.tasks.values() if _function_of_task(t) is fun]

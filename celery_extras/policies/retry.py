@@ -4,7 +4,10 @@ The wrapper replaces the task instance's ``run`` before the worker builds its
 tracer. The wait comes from the policy bound to Redis-backed failure counts, so
 every worker sees the same per-item memory; success forgets it. The retry goes
 through Celery's own ``task.retry`` (publish the retry, then the old message is
-acked), and a countdown may be a fraction of a second. Retries exhausted: the
+acked), and a countdown may be a fraction of a second. A retry that waits longer
+than ``extras_limit_max_hold`` is parked in the delay store instead of published
+with an ETA (:mod:`celery_extras.delay.retry`), so no broker's visibility timeout
+delivers it twice. Retries exhausted: the
 task fails with the original exception.
 
 Where Celery drops a task whose retry cannot be published (``Reject`` without
@@ -22,12 +25,15 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject, Retry
 
-from ..store import StoreUnavailable, redis_client, store_key
-from .counts import memory_counts
+from ..bounds import clamp_wait, shown
+from ..delay.parking import Parker
+from ..delay.retry import ParkingProducer
+from ..outage import OutageLog
+from ..settings import settings_of
+from ..store import redis_client, store_key, store_url
 from .failure_store import redis_counts
 from .retry_limiters import RetryPolicy
 from .spec import RetrySpec
@@ -36,9 +42,10 @@ __all__ = ["install_retry", "retry_memory"]
 
 logger = logging.getLogger(__name__)
 
-_STORE_ERRORS = (redis.RedisError, StoreUnavailable, OSError)
+#: Failure memory's store health in this process: one line per outage, not one per task.
+_outage = OutageLog(logger, "retry failure memory")
 _bound: weakref.WeakKeyDictionary[Celery, dict[str, RetryPolicy]] = weakref.WeakKeyDictionary()
-_DEFAULT_TTL = 86400.0
+_parkers: weakref.WeakKeyDictionary[Celery, tuple[float, Parker]] = weakref.WeakKeyDictionary()
 
 
 def retry_memory(app: Celery, task_name: str, policy: RetryPolicy) -> RetryPolicy:
@@ -46,7 +53,7 @@ def retry_memory(app: Celery, task_name: str, policy: RetryPolicy) -> RetryPolic
 
     Tests and tools use it to read ``num_requeues(item)``; the worker uses it to decide.
     """
-    ttl = float(app.conf.get("extras_retry_memory_ttl") or _DEFAULT_TTL)
+    ttl: float = settings_of(app)["retry_memory_ttl"]
     counts = redis_counts(redis_client(app), store_key(app, "fail", task_name), ttl)
     return policy.bind(counts)
 
@@ -65,7 +72,7 @@ def _item(task: Task, spec: RetrySpec, args: tuple[Any, ...], kwargs: dict[str, 
             return str(spec.key(args, kwargs))
         except Exception:
             logger.exception(
-                "celery-extras: retry_policy key of %s failed; using the task id", task.name
+                "celery-extras: retry_policy key of %s failed; using the task id", shown(task.name)
             )
     return str(task.request.id)
 
@@ -73,22 +80,69 @@ def _item(task: Task, spec: RetrySpec, args: tuple[Any, ...], kwargs: dict[str, 
 def _forget(task: Task, spec: RetrySpec, item: str) -> None:
     try:
         _bound_policy(task.app, task.name, spec).forget(item)
-    except _STORE_ERRORS as exc:
-        logger.warning(
-            "celery-extras: could not forget failures of %s[%s]: %r", task.name, item, exc
-        )
+    except Exception as exc:  # the store's trouble must not fail a task that succeeded
+        _outage.failed(exc, "failures are not forgotten until it answers (they expire)")
+    else:
+        _outage.ok()
+
+
+class _RetriesSoFar:
+    """Failure counts read from the request's ``retries`` (the store that keeps them is away),
+    so that the wait still grows with each retry instead of repeating the first one."""
+
+    def __init__(self, retries: int) -> None:
+        self.retries = retries
+
+    def incr(self, item: str) -> int:
+        return self.retries + 1
+
+    def get(self, item: str) -> int:
+        return self.retries
+
+    def forget(self, item: str) -> None:
+        pass
 
 
 def _countdown(task: Task, spec: RetrySpec, item: str) -> float:
     try:
-        return _bound_policy(task.app, task.name, spec).when(item)
-    except _STORE_ERRORS as exc:
-        logger.warning(
-            "celery-extras: failure memory of %s unavailable (%r); retrying %s after the "
-            "policy's first wait",
-            task.name, exc, item,
-        )  # fmt: skip
-        return spec.policy.bind(memory_counts).when(item)
+        wait = _bound_policy(task.app, task.name, spec).when(item)
+    except Exception as exc:  # unreachable, wrong-type key, garbage count
+        _outage.failed(exc, "retries wait the policy's wait for their retry number until it "
+                       "answers")  # fmt: skip
+        counts = _RetriesSoFar(int(task.request.retries or 0))
+        wait = spec.policy.bind(lambda path: counts).when(item)
+    else:
+        _outage.ok()
+    return clamp_wait(wait)
+
+
+def _parker(app: Celery, countdown: float) -> Parker | None:
+    """The process's :class:`Parker` when a retry waiting *countdown* s must be parked."""
+    if store_url(app) is None:
+        return None
+    per_app = _parkers.get(app)
+    if per_app is None:
+        settings = settings_of(app)
+        per_app = _parkers[app] = (
+            float(settings["limit_max_hold"]),
+            Parker(app, settings["delay_tombstone_ttl"]),
+        )
+    max_hold, parker = per_app
+    return parker if countdown > max_hold else None
+
+
+def _retry(task: Task, exc: BaseException, countdown: float) -> BaseException:
+    """Celery's ``task.retry``; parked in the delay store when it waits beyond the hold."""
+    parker = _parker(task.app, countdown)
+    if parker is None:
+        retry: BaseException = task.retry(exc=exc, countdown=countdown, max_retries=sys.maxsize)
+        return retry
+    with task.app.producer_or_acquire() as producer:
+        parking = ParkingProducer(producer, parker, task.name, countdown)
+        parked: BaseException = task.retry(
+            exc=exc, countdown=countdown, max_retries=sys.maxsize, producer=parking
+        )
+        return parked
 
 
 def _keep(task: Task, exc: BaseException, error: object) -> BaseException:
@@ -133,7 +187,7 @@ def install_retry(task: Task, spec: RetrySpec) -> None:
                 raise
             countdown = _countdown(task, spec, item)
             try:
-                raise task.retry(exc=exc, countdown=countdown, max_retries=sys.maxsize) from exc
+                raise _retry(task, exc, countdown) from exc
             except Reject as unpublished:  # Celery's answer to a retry it could not publish
                 raise _keep(task, exc, unpublished.reason) from exc
         request = task.request

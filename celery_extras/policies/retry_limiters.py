@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Literal
 
+from ..checks import is_int, is_number
 from .counts import Counts, CountsFactory, MemoryCounts
 from .rate import parse_rate
 from .token_bucket import TokenBucket
@@ -38,7 +39,7 @@ __all__ = [
 
 
 def _seconds(owner: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_number(value):
         raise ValueError(f"{owner} {name}: expected a finite number of seconds, got {value!r}")
     if value < 0:
         raise ValueError(f"{owner} {name}: must be >= 0 seconds, got {value!r}")
@@ -138,7 +139,7 @@ class FastSlow(_Counting):
         self.fast = _seconds("FastSlow", "fast", self.fast)
         self.slow = _seconds("FastSlow", "slow", self.slow)
         m = self.max_fast
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        if not is_int(m, minimum=0):
             raise ValueError(f"FastSlow max_fast: expected an integer >= 0, got {m!r}")
 
     def when(self, item: str) -> float:

@@ -6,19 +6,46 @@ reads them. Every error names the task and the argument.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .rate import format_rate, parse_rate
+from ..checks import is_int, is_number
+from .rate import format_rate, parse_burst, parse_rate
 from .retry_limiters import RetryPolicy
 
-__all__ = ["SCOPES", "KeyFunc", "LimitSpec", "PolicyError", "RetrySpec"]
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_LEASE",
+    "MIN_LEASE",
+    "SCOPES",
+    "ConcurrencySpec",
+    "KeyFunc",
+    "LimitSpec",
+    "PolicyError",
+    "RetrySpec",
+    "call_key",
+]
 
 SCOPES = ("global", "worker")
 
 #: ``key(args, kwargs) -> str``: which bucket (or failure memory) a call belongs to.
 KeyFunc = Callable[[Sequence[Any], Mapping[str, Any]], Any]
+
+
+def call_key(
+    name: str, key: KeyFunc | None, request: Any, kind: str, shared: str, log: logging.Logger
+) -> str:
+    """*key* on *request*'s arguments, as text; ``""`` (the task's shared *shared*) when the
+    task has no key, or when the key fails (logged on *log*, naming the task)."""
+    if key is None:
+        return ""
+    try:
+        return str(key(request.args, request.kwargs))
+    except Exception:
+        log.exception("celery-extras: %s key of %s failed; using its shared %s", kind, name, shared)
+        return ""
 
 
 class PolicyError(ValueError):
@@ -42,10 +69,10 @@ class LimitSpec:
             per_second = parse_rate(rate)
         except ValueError as exc:
             raise PolicyError(f"{where}: {exc}") from None
-        if burst is None:
-            burst = 1
-        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-            raise PolicyError(f"{where}: burst {burst!r}: expected an integer >= 1")
+        try:
+            burst = 1 if burst is None else parse_burst(burst)
+        except ValueError as exc:
+            raise PolicyError(f"{where}: {exc}") from None
         if scope not in SCOPES:
             raise PolicyError(f"{where}: scope {scope!r}: expected 'global' or 'worker'")
         if key is not None and not callable(key):
@@ -92,9 +119,7 @@ class RetrySpec:
             policy.check()
         except ValueError as exc:
             raise PolicyError(f"{where}: policy {exc}") from None
-        if max_retries is not None and (
-            isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
-        ):
+        if max_retries is not None and not is_int(max_retries, minimum=0):
             raise PolicyError(f"{where}: max_retries {max_retries!r}: expected None or an int >= 0")
         if not isinstance(per_item, bool):
             raise PolicyError(f"{where}: per_item {per_item!r}: expected True or False")
@@ -105,3 +130,44 @@ class RetrySpec:
         if key is not None and not per_item:
             raise PolicyError(f"{where}: key is only used with per_item=True")
         return cls(tuple(exceptions), policy, max_retries, per_item, key)
+
+
+#: Bounds of ``concurrency(n, lease=...)``: a lease is renewed every third of itself, so
+#: it must outlast a few event-loop turns; a day is the longest a dead worker's slot waits.
+MIN_LEASE = 1.0
+MAX_LEASE = 86400.0
+MAX_CONCURRENCY = 1_000_000
+
+
+@dataclass(frozen=True)
+class ConcurrencySpec:
+    """At most *n* tasks running at once per *scope* (and key), slots leased for *lease* s."""
+
+    n: int
+    scope: str
+    key: KeyFunc | None
+    lease: float
+
+    @classmethod
+    def build(
+        cls, task: str, n: object, key: object, scope: object, lease: object
+    ) -> ConcurrencySpec:
+        where = f"concurrency() on task {task!r}"
+        if not is_int(n, minimum=1, maximum=MAX_CONCURRENCY):
+            raise PolicyError(
+                f"{where}: n {n!r}: expected an int from 1 to {MAX_CONCURRENCY} "
+                "(tasks running at once)"
+            )
+        if scope not in SCOPES:
+            raise PolicyError(f"{where}: scope {scope!r}: expected 'global' or 'worker'")
+        if key is not None and not callable(key):
+            raise PolicyError(f"{where}: key {key!r}: expected a callable (args, kwargs) -> key")
+        if not is_number(lease, minimum=MIN_LEASE) or lease > MAX_LEASE:
+            raise PolicyError(
+                f"{where}: lease {lease!r}: expected seconds from {MIN_LEASE:g} to {MAX_LEASE:g}"
+            )
+        return cls(n, str(scope), key, float(lease))
+
+    def describe(self) -> dict[str, Any]:
+        return {"n": self.n, "scope": self.scope, "per_key": self.key is not None,
+                "lease": self.lease}  # fmt: skip

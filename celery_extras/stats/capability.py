@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..capability import Capability
+from ..checks import is_int
 from ..settings import Setting, boolean, number, reject
 from .emitter import StatsEmitter
 from .recording import StatsRecording, TaskCounting
@@ -22,7 +23,7 @@ def windows(key: str, value: Any) -> list[int]:
     if not isinstance(value, list | tuple) or not value:
         raise reject(key, expected, value)
     for window in value:
-        if isinstance(window, bool) or not isinstance(window, int):
+        if not is_int(window):
             raise reject(key, expected, value)
     try:
         minute_wheel(1).check_windows(value)

@@ -21,12 +21,35 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from celery.exceptions import Ignore, Reject, Retry, Terminated, WorkerLostError
+from billiard.einfo import ExceptionWithTraceback
+from celery.exceptions import (
+    Ignore,
+    Reject,
+    Retry,
+    Terminated,
+    TimeLimitExceeded,
+    WorkerLostError,
+)
 from celery.worker.request import Request
 
-from .recorder import FAILED, RECEIVED, REJECTED, RETRIED, STARTED, SUCCEEDED, Recorder
+from ..compat import revoked_or_cancelled
+from .recorder import (
+    FAILED,
+    IGNORED,
+    RECEIVED,
+    REJECTED,
+    RETRIED,
+    STARTED,
+    SUCCEEDED,
+    Recorder,
+)
 
-__all__ = ["RequestCounting", "counting_strategy"]
+__all__ = ["REPUBLISHED_HEADERS", "RequestCounting", "counting_strategy"]
+
+#: Headers celery-extras puts on a message it publishes again itself (a parked task
+#: released by the delay store; ``extras_slot`` marked the former hand-back of a limited
+#: task): such a message is the same task delivered before, not received again.
+REPUBLISHED_HEADERS = ("extras_slot", "extras_parked")
 
 logger = logging.getLogger(__name__)
 
@@ -41,37 +64,67 @@ def counting_strategy(name: str, strategy: Strategy, recorder: Recorder) -> Stra
 
     A message of a revoked or expired task is received (and then revoked), a
     malformed one received (and then rejected); a shadow name counts as the
-    request will (Celery names the request after it).
+    request will (Celery names the request after it). A message celery-extras
+    published again itself (:data:`REPUBLISHED_HEADERS`) is not received again.
     """
     count = recorder.count
+    slot, parked = REPUBLISHED_HEADERS
 
     def receive(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> Any:
-        count(message.headers.get("shadow") or name, RECEIVED)
+        headers = message.headers
+        if slot not in headers and parked not in headers:
+            count(headers.get("shadow") or name, RECEIVED)
         return strategy(message, body, ack, reject, callbacks, **kw)
 
     return receive
 
 
 def _exception(exc_info: Any) -> BaseException | None:
+    """The exception of *exc_info*, unwrapped from billiard's wrapper only.
+
+    (:class:`~celery.exceptions.Retry` has an ``exc`` of its own: the error retried.)
+    """
     exc = getattr(exc_info, "exception", None)
-    inner = getattr(exc, "exc", None)  # billiard's ExceptionWithTraceback
-    if isinstance(inner, BaseException):
-        return inner
+    if isinstance(exc, ExceptionWithTraceback):
+        exc = exc.exc
     return exc if isinstance(exc, BaseException) else None
 
 
 def _failure_counter(request: Any, exc: BaseException | None) -> int | None:
-    """The counter of a request that ended in *exc*, or ``None`` when it counts elsewhere."""
+    """The counter of a request that ended in *exc*, or ``None`` when it counts elsewhere.
+
+    Follows the branches of Celery's ``Request.on_failure``, so each outcome is
+    counted as what Celery does with the message.
+    """
     if isinstance(exc, Terminated):  # revoked with terminate: task_revoked counts it
         return None
-    if isinstance(exc, WorkerLostError) and request.task.acks_late:
-        return REJECTED if request.task.reject_on_worker_lost else FAILED
-    if isinstance(exc, Retry):
-        return RETRIED
+    if isinstance(exc, SystemExit | KeyboardInterrupt):
+        if revoked_or_cancelled(request):
+            return None  # killed by the terminate Celery sent: task_revoked counted it
+        exc = WorkerLostError(str(exc))  # Celery treats it as a lost worker
     if isinstance(exc, Reject):
         return REJECTED
-    if isinstance(exc, Ignore | SystemExit | KeyboardInterrupt):
-        return None
+    if isinstance(exc, Ignore):
+        return IGNORED
+    if isinstance(exc, Retry):
+        return RETRIED
+    task = request.task
+    lost = isinstance(exc, WorkerLostError)
+    exhausted = False
+    if lost and getattr(task, "retry_on_worker_lost", False):  # Celery >= 5.7
+        max_retries = task.max_retries
+        retries = request.request_dict.get("retries") or 0
+        exhausted = max_retries is not None and retries >= max_retries
+        if not exhausted:
+            return RETRIED
+    if task.acks_late:
+        either = getattr(task, "acks_on_failure_or_timeout", True)
+        if isinstance(exc, TimeLimitExceeded):
+            acked = getattr(task, "acks_on_timeout", either)
+            if not acked:
+                return REJECTED  # requeued
+        elif lost and task.reject_on_worker_lost and not exhausted:
+            return REJECTED  # requeued
     return FAILED
 
 

@@ -7,6 +7,9 @@ on the consumer's timer like Celery's heartbeat. It is in the ``worker`` event
 group, so it is sent whenever the worker sends events at all (heartbeats are on
 by default), whether or not ``task_events`` is. Its :meth:`info` puts the same
 figures under ``extras`` in ``celery inspect stats``.
+
+The event also carries ``extras_state``, the worker's gauges read from the
+``info()`` of celery-extras' other consumer steps (see :func:`worker_state`).
 """
 
 from __future__ import annotations
@@ -16,13 +19,67 @@ from typing import Any
 
 from celery import bootsteps
 
+from ..checks import is_int
+from ..settings import settings_of
 from .recorder import Recorder
 
-__all__ = ["EVENT_TYPE", "StatsEmitter"]
+__all__ = ["EVENT_TYPE", "StatsEmitter", "worker_state"]
 
 logger = logging.getLogger(__name__)
 
 EVENT_TYPE = "worker-throughput"
+
+
+def _int(value: Any) -> int | None:
+    return value if is_int(value) else None
+
+
+def worker_state(infos: dict[str, Any]) -> dict[str, Any]:
+    """The gauges of ``extras_state`` from the merged ``info()`` of the consumer's steps.
+
+    ``store``: each capability's view of the store (``extras_policies``,
+    ``extras_sync``, ``extras_delay`` ``store`` fields); ``waiting``: tasks held in
+    the worker for a limit (``extras_policies.waiting``); ``parked``: tasks the delay
+    store holds, store-wide (``extras_delay.depth``, or ``parked``); ``buffered``:
+    messages the fair consumer holds per queue (``extras_queues.buffered``);
+    ``concurrency``: per task with ``concurrency()``, the slots the worker holds and
+    the tasks waiting in it for one (``extras_policies.concurrency.tasks``). Only
+    what the worker has is given.
+    """
+    state: dict[str, Any] = {}
+    store: dict[str, str] = {}
+    for capability in ("policies", "sync", "delay"):
+        info = infos.get(f"extras_{capability}")
+        if isinstance(info, dict) and isinstance(info.get("store"), str):
+            store[capability] = info["store"]
+    if store:
+        state["store"] = store
+    for gauge, key, fields in (
+        ("waiting", "extras_policies", ("waiting",)),
+        ("parked", "extras_delay", ("depth", "parked")),
+    ):
+        info = infos.get(key)
+        for name in fields:
+            value = _int(info.get(name)) if isinstance(info, dict) else None
+            if value is not None:
+                state[gauge] = value
+                break
+    policies = infos.get("extras_policies")
+    slots = policies.get("concurrency") if isinstance(policies, dict) else None
+    tasks = slots.get("tasks") if isinstance(slots, dict) else None
+    if isinstance(tasks, dict):
+        state["concurrency"] = {
+            str(name): {"holding": entry["holding"], "waiting": entry["waiting"]}
+            for name, entry in tasks.items()
+            if isinstance(entry, dict)
+            and _int(entry.get("holding")) is not None
+            and _int(entry.get("waiting")) is not None
+        }
+    queues = infos.get("extras_queues")
+    buffered = queues.get("buffered") if isinstance(queues, dict) else None
+    if isinstance(buffered, dict):
+        state["buffered"] = {str(q): n for q, n in buffered.items() if _int(n) is not None}
+    return state
 
 
 class StatsEmitter(bootsteps.StartStopStep):
@@ -32,8 +89,6 @@ class StatsEmitter(bootsteps.StartStopStep):
     requires = ("celery.worker.consumer.events:Events",)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
-        from ..install import settings_of  # install imports this module
-
         settings = settings_of(c.app)
         self.enabled = bool(settings["stats_enabled"])
         self.interval: float = settings["stats_interval"]
@@ -49,18 +104,41 @@ class StatsEmitter(bootsteps.StartStopStep):
         return recorder
 
     def figures(self, c: Any) -> dict[str, Any]:
-        """``{"windows": [...], "tasks": {...}}`` as the event carries it."""
+        """``{"windows": [...], "tasks": {...}, "runtime_scale": {...}}`` as the event has it."""
         recorder = self.recorder(c)
         if recorder is None:
             return {"windows": self.windows, "tasks": {}}
         return recorder.snapshot(self.windows)
+
+    def state(self, c: Any) -> dict[str, Any]:
+        """The worker's gauges (:func:`worker_state`) from its other extras steps.
+
+        Consumer steps report with the consumer, worker steps (the delay store's
+        mover) with the worker.
+        """
+        infos: dict[str, Any] = {}
+        controller = getattr(c, "controller", None)
+        for parent in (controller, c):
+            for step in getattr(parent, "steps", None) or ():
+                if step is self or not type(step).__module__.startswith("celery_extras."):
+                    continue
+                info = getattr(step, "info", None)
+                if info is None:
+                    continue
+                try:
+                    found = info(parent)
+                except Exception:  # a step's report must not stop the event
+                    continue
+                if isinstance(found, dict):
+                    infos.update(found)
+        return worker_state(infos)
 
     def emit(self, c: Any) -> None:
         dispatcher = c.event_dispatcher
         if dispatcher is None or not dispatcher.enabled:
             return
         try:
-            dispatcher.send(EVENT_TYPE, **self.figures(c))
+            dispatcher.send(EVENT_TYPE, **self.figures(c), extras_state=self.state(c))
         except Exception:  # the next tick tries again; one log line, not one per tick
             if not self._failed:
                 logger.exception("celery-extras stats: could not send %s", EVENT_TYPE)

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["BUCKETS", "HIGHEST", "LOWEST", "PER_OCTAVE", "Histogram", "bucket_of"]
+__all__ = [
+    "BUCKETS",
+    "HIGHEST",
+    "LOWEST",
+    "PER_OCTAVE",
+    "SCALE",
+    "Histogram",
+    "bucket_of",
+    "upper_bound",
+]
 
 PER_OCTAVE = 16
 _LOW_EXP = -20  # 2**-20 s ~ 0.95 us
@@ -20,6 +29,8 @@ LOWEST = 2.0**_LOW_EXP
 HIGHEST = 2.0**_HIGH_EXP
 _OFFSET = -_LOW_EXP * PER_OCTAVE
 BUCKETS = (_HIGH_EXP - _LOW_EXP) * PER_OCTAVE + 1
+#: What a bucket index means, as the ``worker-throughput`` event states it.
+SCALE = {"per_octave": PER_OCTAVE, "low_exp": _LOW_EXP, "high_exp": _HIGH_EXP}
 
 
 def bucket_of(value: float) -> int:
@@ -29,6 +40,19 @@ def bucket_of(value: float) -> int:
     if value >= HIGHEST:
         return BUCKETS - 1
     return math.floor(math.log2(value) * PER_OCTAVE) + _OFFSET
+
+
+def upper_bound(
+    index: int, per_octave: int = PER_OCTAVE, low_exp: int = _LOW_EXP, high_exp: int = _HIGH_EXP
+) -> float:
+    """The (exclusive) upper bound in seconds of bucket *index*; ``inf`` for the last one.
+
+    The scale's parameters default to this module's, and come from an event's
+    ``runtime_scale`` on the monitor side.
+    """
+    if index >= (high_exp - low_exp) * per_octave:
+        return math.inf
+    return float(2.0 ** (low_exp + (index + 1) / per_octave))
 
 
 def _midpoint(index: int) -> float:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from celery.events.receiver import EventReceiver
 
+from ..compat import DroppingEventReceiver
 from .emitter import EVENT_TYPE
 from .schema import Malformed, Throughput, parse
 
@@ -75,6 +75,21 @@ class ClusterState:
                 reason,
             )
 
+    def latest(self, max_age: float | None = None) -> dict[str, tuple[Throughput, float]]:
+        """Per worker, its latest figures and when they arrived (:attr:`clock` time)."""
+        now = self.clock()
+        with self._lock:
+            return {
+                host: (figures, seen)
+                for host, (figures, seen) in sorted(self._workers.items())
+                if max_age is None or now - seen <= max_age
+            }
+
+    def seed(self, figures: Throughput) -> None:
+        """Take *figures* (e.g. from ``inspect stats``) unless an event of the worker came."""
+        with self._lock:
+            self._workers.setdefault(figures.hostname, (figures, self.clock()))
+
     def workers(self, max_age: float | None = None) -> dict[str, Throughput]:
         """The latest figures per worker, leaving out workers silent for *max_age* s."""
         now = self.clock()
@@ -86,7 +101,7 @@ class ClusterState:
             }
 
 
-class _Receiver(EventReceiver):
+class _Receiver(DroppingEventReceiver):
     """An event receiver that drops what it cannot decode instead of dying on it."""
 
     state: ClusterState
@@ -96,7 +111,7 @@ class _Receiver(EventReceiver):
         super().on_consume_ready(*args, **kwargs)
         self.consuming.set()
 
-    def _receive(self, body: Any, message: Any, *args: Any) -> None:
+    def receive_events(self, body: Any, message: Any) -> None:
         for event in body if isinstance(body, list) else [body]:
             try:
                 self.process(*self.event_from_message(event))

@@ -1,46 +1,68 @@
 """``celery -A proj extras top``: a live table of the workers' ``worker-throughput`` events.
 
-:func:`render` (pure) lays out one frame from the latest figures of each worker:
-per task, the finished-task rate over each window, the counters over one chosen
-window and the p95 runtime, cluster-wide first, then per worker. :func:`top`
-feeds a :class:`~.listener.ClusterState` from the event stream and redraws the
-frame in place every ``refresh`` seconds.
+:func:`render` (pure) lays out one frame from the latest figures of each worker,
+for a terminal of a given size: per task, the finished-task rate over each window,
+the counters over one chosen window and the p95 runtime, cluster-wide first, then
+per worker with its waiting and parked tasks and its store's state. It never
+writes a line wider than the terminal (task names are cut, then the least useful
+columns dropped, down to 80 columns) nor more lines than it has (the header stays;
+the rows that do not fit are counted). Names from events are escaped
+(:func:`~.text.printable`): no control character reaches the terminal.
+
+:func:`top` seeds its state from ``inspect stats`` (so the first frame already has
+every worker's figures), then follows the event stream and redraws in place.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections.abc import Mapping
-from typing import TextIO
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 from celery import Celery
 
+from .emitter import worker_state
 from .listener import ClusterState, Listener
-from .schema import TaskFigures, Throughput
+from .schema import Malformed, TaskFigures, Throughput, merge_workers, parse
+from .text import printable, truncate, window_label
 
-__all__ = ["DONE", "render", "top"]
+__all__ = ["DONE", "MIN_WIDTH", "render", "seed", "top"]
 
 #: Counters whose sum is the "finished" rate: every run that ended.
-DONE = ("succeeded", "failed", "retried", "rejected")
-_SHOWN = (
-    ("recv", "received"),
-    ("ok", "succeeded"),
-    ("fail", "failed"),
-    ("retry", "retried"),
-    ("rej", "rejected"),
-    ("rvk", "revoked"),
-    ("rlim", "rate_limited"),
-)
+DONE = ("succeeded", "failed", "retried", "rejected", "ignored")
+#: The narrowest terminal the frame is laid out for.
+MIN_WIDTH = 80
+_NAME_MIN = 24
+_RATE_WIDTH = 6
+_COUNT_WIDTH = 6
+_P95_WIDTH = 8
+#: The size assumed when the output is not a terminal (a log): wide, every column.
+_NOT_A_TERMINAL = (200, 50)
 _CLEAR = "\x1b[H\x1b[2J"
 
 
-def _window_label(seconds: float) -> str:
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{int(seconds // 3600)}h"
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{int(seconds // 60)}m"
-    return f"{seconds:g}s"
+@dataclass(frozen=True)
+class _Column:
+    label: str
+    counter: str
+    drop: int  # dropped first when the terminal is narrow: highest first; 0 never
+
+
+#: Counts over the shown window, in display order.
+_COUNTS = (
+    _Column("recv", "received", 5),
+    _Column("ok", "succeeded", 0),
+    _Column("fail", "failed", 0),
+    _Column("retry", "retried", 0),
+    _Column("rej", "rejected", 4),
+    _Column("rvk", "revoked", 6),
+    _Column("rlim", "rate_limited", 0),
+    _Column("park", "parked", 7),
+    _Column("ign", "ignored", 8),
+)
 
 
 def _ms(value: float | None) -> str:
@@ -48,79 +70,149 @@ def _ms(value: float | None) -> str:
 
 
 def _rate(n: int, seconds: float) -> str:
-    return f"{n / seconds:.1f}" if n else "0"
+    if not n:
+        return "0"
+    rate = n / seconds
+    if rate < 0.095:
+        return f"{rate:.2f}"
+    return f"{rate:.1f}" if rate < 1000 else f"{rate:.0f}"
 
 
-def _merge(workers: Mapping[str, Throughput], windows: tuple[float, ...]) -> dict[str, TaskFigures]:
-    """Sum the workers that use *windows*; runtime p95 is the largest worker's."""
-    total: dict[str, TaskFigures] = {}
-    for figures in workers.values():
-        if figures.windows != windows:
-            continue
-        for name, task in figures.tasks.items():
-            seen = total.get(name)
-            if seen is None:
-                total[name] = TaskFigures(dict(task.counts), dict(task.runtime))
-                continue
-            for counter, row in task.counts.items():
-                summed = zip(seen.counts[counter], row, strict=True)
-                seen.counts[counter] = tuple(a + b for a, b in summed)
-            p95s = [p for p in (seen.runtime.get("p95"), task.runtime.get("p95")) if p is not None]
-            seen.runtime["p95"] = max(p95s) if p95s else None
-    return total
+def _layout(
+    windows: tuple[float, ...], width: int, names: list[str]
+) -> tuple[int, list[int], list[_Column]]:
+    """Name width, shown rate windows (indexes) and count columns for *width* columns."""
+    rate_cols = list(range(len(windows)))
+    counts = list(_COUNTS)
+
+    def fixed() -> int:
+        return len(rate_cols) * _RATE_WIDTH + 2 + len(counts) * _COUNT_WIDTH + _P95_WIDTH
+
+    droppable = sorted((c for c in counts if c.drop), key=lambda c: -c.drop)
+    while width - fixed() < _NAME_MIN and (droppable or len(rate_cols) > 1):
+        if droppable:
+            counts.remove(droppable.pop(0))
+        else:
+            rate_cols.pop()  # the longest window's rate goes before the short ones
+    longest = max([len(n) + 3 for n in names] + [_NAME_MIN])
+    return max(_NAME_MIN, min(width - fixed(), longest)), rate_cols, counts
 
 
-def render(workers: Mapping[str, Throughput], malformed: int = 0, now: float | None = None) -> str:
-    """One frame of the table for the latest figures of *workers*."""
+def _gauges(state: Mapping[str, Any]) -> str:
+    parts = []
+    for gauge in ("waiting", "parked"):
+        if gauge in state:
+            parts.append(f"{gauge} {state[gauge]}")
+    stores = state.get("store") or {}
+    if stores:
+        bad = sorted(k for k, v in stores.items() if v != "ok")
+        parts.append("store ok" if not bad else "store " + ", ".join(
+            f"{printable(k)} {printable(stores[k])}" for k in bad))  # fmt: skip
+    buffered = state.get("buffered")
+    if buffered:
+        parts.append(f"buffered {sum(buffered.values())}")
+    return "  ".join(parts)
+
+
+def render(
+    workers: Mapping[str, Throughput],
+    malformed: int = 0,
+    now: float | None = None,
+    width: int = 100,
+    height: int | None = None,
+) -> str:
+    """One frame for the latest figures of *workers*, at most *width* x *height* characters."""
+    width = max(MIN_WIDTH, width)
     stamp = time.strftime("%H:%M:%S", time.localtime(now))
     head = f"celery-extras top  {len(workers)} worker(s)  {stamp}  malformed events: {malformed}"
     if not workers:
-        return head + "\n\nwaiting for worker-throughput events...\n"
+        return truncate(head, width) + "\n\nwaiting for worker-throughput events...\n"
     windows = next(iter(workers.values())).windows
     shown = 60 if 60 in windows else max(windows)
     col = windows.index(shown)
-    name_width = max(
-        [24] + [len(n) + 2 for f in workers.values() for n in f.tasks] + [len(h) for h in workers]
-    )
-    rates = [f"{_window_label(w)}" for w in windows]
-    header = (
-        "worker / task".ljust(name_width)
-        + "".join(r.rjust(8) for r in rates)
-        + " |"
-        + "".join(label.rjust(6) for label, _ in _SHOWN)
-        + " | p95 ms"
-    )
+    names = [printable(n) for f in workers.values() for n in f.tasks]
+    name_width, rate_cols, counts = _layout(windows, width, names)
+    rates_width = _RATE_WIDTH * len(rate_cols)
     ruler = (
         "".ljust(name_width)
-        + "finished/s".center(8 * len(windows))
+        + "finished/s".center(rates_width)[:rates_width]
         + " |"
-        + f"last {_window_label(shown)}".center(6 * len(_SHOWN))
-        + " |"
+        + f"last {window_label(shown)}".center(_COUNT_WIDTH * len(counts))
     )
-    lines = [head, "", ruler, header]
+    header = (
+        "task".ljust(name_width)
+        + "".join(window_label(windows[i]).rjust(_RATE_WIDTH) for i in rate_cols)
+        + " |"
+        + "".join(c.label.rjust(_COUNT_WIDTH) for c in counts)
+        + "p95ms".rjust(_P95_WIDTH)
+    )
+    top_lines = [head, ruler, header]
+    body: list[str] = []
 
-    def rows(title: str, tasks: Mapping[str, TaskFigures], p95_label: str = "") -> None:
-        lines.append(title)
+    def rows(title: str, tasks: Mapping[str, TaskFigures], p95_mark: str = "") -> None:
+        body.append(title)
         for name in sorted(tasks):
             task = tasks[name]
             done = [sum(task.counts[c][i] for c in DONE) for i in range(len(windows))]
-            lines.append(
-                f"  {name}".ljust(name_width)
-                + "".join(_rate(n, w).rjust(8) for n, w in zip(done, windows, strict=True))
+            body.append(
+                truncate("  " + printable(name), name_width - 1).ljust(name_width)
+                + "".join(_rate(done[i], windows[i]).rjust(_RATE_WIDTH) for i in rate_cols)
                 + " |"
-                + "".join(str(task.counts[c][col]).rjust(6) for _, c in _SHOWN)
-                + " | "
-                + _ms(task.runtime.get("p95"))
-                + p95_label
+                + "".join(str(task.counts[c.counter][col]).rjust(_COUNT_WIDTH) for c in counts)
+                + (_ms(task.runtime.get("p95")) + p95_mark).rjust(_P95_WIDTH)
             )
 
-    rows("cluster", _merge(workers, windows), " (max)")
-    others = [h for h, f in workers.items() if f.windows != windows]
+    def active(tasks: Mapping[str, TaskFigures]) -> dict[str, TaskFigures]:
+        return {n: t for n, t in tasks.items() if any(any(r) for r in t.counts.values())}
+
+    cluster_state: dict[str, Any] = {}
+    for figures in workers.values():
+        if "waiting" in figures.state:  # per worker: summed
+            cluster_state["waiting"] = cluster_state.get("waiting", 0) + figures.state["waiting"]
+        if "parked" in figures.state:  # the shared store's depth: each worker sees all of it
+            cluster_state["parked"] = max(cluster_state.get("parked", 0), figures.state["parked"])
+    mark = "*" if len(workers) > 1 else ""
+    cluster = active(merge_workers(workers, windows))
+    rows(f"cluster  {_gauges(cluster_state)}".rstrip(), cluster, mark)
+    others = [printable(h) for h, f in workers.items() if f.windows != windows]
     if others:
-        lines.append(f"  (not in the cluster sums, other windows: {', '.join(others)})")
+        body.append(f"  (not in the cluster sums, other windows: {', '.join(others)})")
     for hostname, figures in workers.items():
-        rows(hostname, figures.tasks)
-    return "\n".join(lines) + "\n"
+        rows(f"{printable(hostname)}  {_gauges(figures.state)}".rstrip(), active(figures.tasks))
+    if height is not None and len(top_lines) + len(body) > max(height - 1, len(top_lines) + 2):
+        room = max(1, height - 1 - len(top_lines) - 1)
+        hidden = len(body) - room
+        body = [*body[:room], f"... {hidden} more line(s): enlarge the terminal"]
+    if len(workers) > 1:
+        top_lines[0] = head + "  (* p95: the largest worker's)"
+    return "\n".join(truncate(line, width) for line in (*top_lines, *body)) + "\n"
+
+
+def seed(app: Celery, state: ClusterState, timeout: float = 1.0) -> int:
+    """Put each worker's figures from ``inspect stats`` into *state*; return how many."""
+    try:
+        replies = app.control.inspect(timeout=timeout).stats() or {}
+    except Exception as exc:  # no broker yet: the events will come, or the frame says so
+        state.drop("<inspect stats>", repr(exc))
+        return 0
+    seeded = 0
+    for hostname, reply in replies.items():
+        extras = reply.get("extras") if isinstance(reply, dict) else None
+        if not isinstance(extras, dict):
+            continue
+        event = {
+            **extras,
+            "hostname": hostname,
+            "timestamp": time.time(),
+            "extras_state": worker_state(reply),
+        }
+        try:
+            state.seed(parse(event))
+        except Malformed as exc:
+            state.drop(str(hostname), str(exc))
+            continue
+        seeded += 1
+    return seeded
 
 
 def top(
@@ -130,6 +222,7 @@ def top(
     out: TextIO = sys.stdout,
     clear: bool = True,
     max_age: float = 30.0,
+    inspect_timeout: float = 1.0,
 ) -> int:
     """Draw the table every *refresh* s (*iterations* times, or until interrupted)."""
     state = ClusterState()
@@ -137,8 +230,15 @@ def top(
     listener.start()
     drawn = 0
     try:
+        seed(app, state, inspect_timeout)
         while iterations is None or drawn < iterations:
-            frame = render(state.workers(max_age), state.malformed)
+            size = shutil.get_terminal_size(_NOT_A_TERMINAL)
+            frame = render(
+                state.workers(max_age),
+                state.malformed,
+                width=size.columns,
+                height=size.lines if clear else None,
+            )
             out.write((_CLEAR if clear else "") + frame)
             out.flush()
             drawn += 1

@@ -1,17 +1,37 @@
 """Prometheus: a collector of the workers' ``worker-throughput`` figures, in Flower or alone.
 
-Metrics (gauges: each is the count over a sliding window, not a running total):
+Following Prometheus' conventions (labels ``worker`` and ``task`` on each):
 
-* ``celery_extras_task_events{worker, task, window, counter}``: tasks counted
-  over the last ``window`` seconds (``received``, ``succeeded``, ...).
-* ``celery_extras_task_runtime_seconds{worker, task, stat}``: runtime ``count``,
-  ``sum``, ``max``, ``p50``, ``p95``, ``p99`` over the worker's longest window.
+* ``celery_extras_tasks_total{worker, task, state}``: a counter, each stats counter
+  (``state``: ``received``, ``succeeded``, ``failed``, ``retried``...) since the worker
+  started, from the event's running totals; ``rate()`` and ``increase()`` work.
+* ``celery_extras_task_runtime_seconds{worker, task}``: a histogram of successful
+  runs since the worker started, from the worker's own log-scale buckets summed
+  into the bounds :data:`BOUNDS` (two per octave, 122 us to 2.3 h; each is a bound
+  of the worker's buckets, so the counts are exact), so ``histogram_quantile``
+  merges workers. Its ``_count`` equals the ``succeeded`` counter.
+* Gauges: ``celery_extras_store_up{worker, capability}`` (1 when that capability
+  of the worker reaches its store, 0 when it reports it down),
+  ``celery_extras_tasks_waiting{worker}`` (held for a rate limit),
+  ``celery_extras_tasks_parked{worker}`` (in the delay store),
+  ``celery_extras_queue_buffered{worker, queue}`` (messages the fair consumer holds),
+  ``celery_extras_concurrency_holding{worker, task}`` and
+  ``celery_extras_concurrency_waiting{worker, task}`` (concurrency slots held, tasks
+  waiting for one) and ``celery_extras_worker_last_event_age_seconds{worker}``.
+* Windowed figures, gauges named for what they are:
+  ``celery_extras_window_tasks{worker, task, window, state}`` (count over the last
+  ``window`` seconds) and ``celery_extras_window_runtime_seconds{worker, task,
+  quantile}`` (``0.5``, ``0.95``, ``0.99`` and ``1`` for the max, over the worker's
+  longest window).
 * ``celery_extras_malformed_events_total``: events dropped as malformed.
+
+Label values from events are escaped (:func:`~.text.printable`): no control
+character reaches a dashboard. Workers silent for 60 s, or gone offline, are left out.
 
 In Flower's process, one line in ``flowerconfig.py`` (``celery -A proj flower
 --conf=flowerconfig.py``)::
 
-    from celery_extras.stats.prometheus import in_flower; in_flower()
+    from celery_extras.flower import in_flower; in_flower()
 
 and Flower's ``/metrics`` has them. Alone: ``celery -A proj extras exporter --port 9808``.
 """
@@ -25,12 +45,48 @@ from typing import Any
 
 from celery import Celery
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
 from .listener import ClusterState, Listener
-from .schema import RUNTIME_FIELDS
+from .recorder import COUNTERS
+from .schema import RuntimeTotal
+from .text import printable
 
-__all__ = ["ThroughputCollector", "collect_into", "in_flower", "serve"]
+__all__ = [
+    "BOUNDS",
+    "ThroughputCollector",
+    "collect_into",
+    "histogram_buckets",
+    "in_flower",
+    "serve",
+]
+
+#: The ``le`` bounds of ``celery_extras_task_runtime_seconds``: 2 ** (k / 2) s, 122 us .. 2.3 h.
+BOUNDS = tuple(2.0 ** (k / 2) for k in range(-26, 27))
+_QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"), ("1", "max"))
+
+
+def histogram_buckets(runtime: RuntimeTotal) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` pairs over :data:`BOUNDS` and ``+Inf`` for *runtime*."""
+    uppers = sorted(runtime.buckets.items())
+    pairs: list[tuple[str, float]] = []
+    seen, i = 0, 0
+    for bound in BOUNDS:
+        # a worker bucket counts below `bound` when all its values are (its upper bound <= it)
+        while i < len(uppers) and uppers[i][0] <= bound * (1 + 1e-12):
+            seen += uppers[i][1]
+            i += 1
+        pairs.append((_le(bound), seen))
+    pairs.append(("+Inf", runtime.count))
+    return pairs
+
+
+def _le(bound: float) -> str:
+    return repr(float(f"{bound:.6g}"))
 
 
 class ThroughputCollector:
@@ -44,28 +100,99 @@ class ThroughputCollector:
         return []  # no collect() at registration time
 
     def collect(self) -> Iterator[Any]:
-        events = GaugeMetricFamily(
-            "celery_extras_task_events",
-            "Tasks counted by celery-extras over the last `window` seconds",
-            labels=["worker", "task", "window", "counter"],
+        labels = ["worker", "task"]
+        totals = CounterMetricFamily(
+            "celery_extras_tasks",
+            "Tasks counted by celery-extras since the worker started, by state",
+            labels=[*labels, "state"],
         )
-        runtime = GaugeMetricFamily(
+        runtime = HistogramMetricFamily(
             "celery_extras_task_runtime_seconds",
-            "Task runtime figures over the worker's longest window",
-            labels=["worker", "task", "stat"],
+            "Runtime of successful runs since the worker started (the worker's own buckets)",
+            labels=labels,
         )
-        for worker, figures in self.state.workers(self.max_age).items():
+        store_up = GaugeMetricFamily(
+            "celery_extras_store_up",
+            "1 when this capability of the worker reaches the store, 0 when it reports it down",
+            labels=["worker", "capability"],
+        )
+        waiting = GaugeMetricFamily(
+            "celery_extras_tasks_waiting",
+            "Tasks held in the worker for a rate limit",
+            labels=["worker"],
+        )
+        parked = GaugeMetricFamily(
+            "celery_extras_tasks_parked",
+            "Tasks parked in the delay store (store-wide), as the worker reads it",
+            labels=["worker"],
+        )
+        buffered = GaugeMetricFamily(
+            "celery_extras_queue_buffered",
+            "Messages the fair consumer holds for a queue",
+            labels=["worker", "queue"],
+        )
+        slots_holding = GaugeMetricFamily(
+            "celery_extras_concurrency_holding",
+            "Concurrency slots the worker holds for running tasks, per task with concurrency()",
+            labels=labels,
+        )
+        slots_waiting = GaugeMetricFamily(
+            "celery_extras_concurrency_waiting",
+            "Tasks waiting in the worker for a concurrency slot, per task with concurrency()",
+            labels=labels,
+        )
+        age = GaugeMetricFamily(
+            "celery_extras_worker_last_event_age_seconds",
+            "Seconds since the worker's last worker-throughput event reached this process",
+            labels=["worker"],
+        )
+        window = GaugeMetricFamily(
+            "celery_extras_window_tasks",
+            "Tasks counted over the last `window` seconds (a sliding window, not a total)",
+            labels=[*labels, "window", "state"],
+        )
+        window_runtime = GaugeMetricFamily(
+            "celery_extras_window_runtime_seconds",
+            "Runtime quantiles of successful runs over the worker's longest window",
+            labels=[*labels, "quantile"],
+        )
+        now = self.state.clock()
+        for worker_name, (figures, seen) in self.state.latest(self.max_age).items():
+            worker = printable(worker_name)
             windows = [f"{w:g}" for w in figures.windows]
-            for task, task_figures in figures.tasks.items():
-                for counter, row in task_figures.counts.items():
-                    for window, n in zip(windows, row, strict=True):
-                        events.add_metric([worker, task, window, counter], n)
-                for stat in RUNTIME_FIELDS:
+            age.add_metric([worker], max(0.0, now - seen))
+            for task_name, task_figures in figures.tasks.items():
+                task = printable(task_name)
+                if task_figures.totals is not None:
+                    for counter in COUNTERS:
+                        totals.add_metric([worker, task, counter], task_figures.totals[counter])
+                every = task_figures.runtime_total
+                if every is not None:
+                    runtime.add_metric(
+                        [worker, task], histogram_buckets(every), sum_value=every.total
+                    )
+                for name, row in task_figures.counts.items():
+                    for length, n in zip(windows, row, strict=True):
+                        window.add_metric([worker, task, length, name], n)
+                for quantile, stat in _QUANTILES:
                     value = task_figures.runtime.get(stat)
-                    if value is not None:
-                        runtime.add_metric([worker, task, stat], value)
-        yield events
-        yield runtime
+                    if value is not None and (stat != "max" or task_figures.runtime.get("count")):
+                        window_runtime.add_metric([worker, task, quantile], value)
+            state = figures.state
+            for capability, status in state.get("store", {}).items():
+                store_up.add_metric([worker, printable(capability)], 1.0 if status == "ok" else 0.0)
+            if "waiting" in state:
+                waiting.add_metric([worker], state["waiting"])
+            if "parked" in state:
+                parked.add_metric([worker], state["parked"])
+            for queue, n in state.get("buffered", {}).items():
+                buffered.add_metric([worker, printable(queue)], n)
+            for task_name, slots in state.get("concurrency", {}).items():
+                slots_holding.add_metric([worker, printable(task_name)], slots["holding"])
+                slots_waiting.add_metric([worker, printable(task_name)], slots["waiting"])
+        yield from (totals, runtime, store_up, waiting, parked, buffered, age, window)
+        yield from (slots_holding, slots_waiting)
+        yield window_runtime
         yield CounterMetricFamily(
             "celery_extras_malformed_events",
             "worker-throughput events dropped as malformed",
@@ -74,10 +201,10 @@ class ThroughputCollector:
 
 
 def collect_into(
-    app: Celery, registry: CollectorRegistry = REGISTRY
+    app: Celery, registry: CollectorRegistry = REGISTRY, state: ClusterState | None = None
 ) -> tuple[ThroughputCollector, Listener]:
-    """Start a listener on *app*'s events and register its collector in *registry*."""
-    state = ClusterState()
+    """Start a listener on *app*'s events into *state* and register its collector in *registry*."""
+    state = state if state is not None else ClusterState()
     listener = Listener(app, state)
     listener.start()
     collector = ThroughputCollector(state)
@@ -85,31 +212,25 @@ def collect_into(
     return collector, listener
 
 
-def _flower_app() -> Celery:
-    import click
-    from celery import current_app
-
-    ctx = click.get_current_context(silent=True)
-    app = getattr(getattr(ctx, "obj", None), "app", None) if ctx is not None else None
-    return app if isinstance(app, Celery) else current_app
-
-
-_in_flower: tuple[ThroughputCollector, Listener] | None = None
-
-
 def in_flower(app: Celery | None = None) -> ThroughputCollector:
-    """For ``flowerconfig.py``: collect into the default registry Flower serves on /metrics."""
-    global _in_flower
-    if _in_flower is None:
-        _in_flower = collect_into(app or _flower_app(), REGISTRY)
-    return _in_flower[0]
+    """The metrics alone in Flower; :func:`celery_extras.flower.in_flower` adds the page too."""
+    from ..flower import in_flower as flower_in_flower
+
+    return flower_in_flower(app, page=False).collector
 
 
 def serve(app: Celery, port: int, address: str = "127.0.0.1") -> None:
-    """Serve ``/metrics`` on *address*:*port* until interrupted (``extras exporter``)."""
+    """Serve ``/metrics`` on *address*:*port* until interrupted (``extras exporter``).
+
+    The port is bound first: an :class:`OSError` (in use, not allowed) leaves
+    nothing started behind it.
+    """
     registry = CollectorRegistry()
-    _, listener = collect_into(app, registry)
+    state = ClusterState()
+    registry.register(ThroughputCollector(state))
     server, thread = start_http_server(port, addr=address, registry=registry)
+    listener = Listener(app, state)
+    listener.start()
     stopped = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())

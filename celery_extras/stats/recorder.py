@@ -18,16 +18,22 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .histogram import SCALE, Histogram
 from .timewheel import Bucket, Clock, TimeWheel, minute_wheel
 
 __all__ = [
+    "BASE_COUNTERS",
+    "CONCURRENCY_LIMITED",
     "COUNTERS",
     "FAILED",
+    "IGNORED",
     "OTHER",
+    "PARKED",
     "PERCENTILES",
     "RATE_LIMITED",
     "RECEIVED",
     "REJECTED",
+    "RELEASED",
     "RETRIED",
     "REVOKED",
     "STARTED",
@@ -36,8 +42,8 @@ __all__ = [
     "Recorder",
 ]
 
-#: The counters of the ``worker-throughput`` event, in this order.
-COUNTERS = (
+#: The counters every ``worker-throughput`` event has had from the start.
+BASE_COUNTERS = (
     "received",
     "started",
     "succeeded",
@@ -47,7 +53,23 @@ COUNTERS = (
     "revoked",
     "rate_limited",
 )
-RECEIVED, STARTED, SUCCEEDED, FAILED, RETRIED, REJECTED, REVOKED, RATE_LIMITED = range(8)
+#: The counters of the ``worker-throughput`` event, in this order: the base ones, then
+#: those added later (a monitor reads them as 0 from a worker that does not send them).
+COUNTERS = (*BASE_COUNTERS, "ignored", "parked", "released", "concurrency_limited")
+(
+    RECEIVED,
+    STARTED,
+    SUCCEEDED,
+    FAILED,
+    RETRIED,
+    REJECTED,
+    REVOKED,
+    RATE_LIMITED,
+    IGNORED,
+    PARKED,
+    RELEASED,
+    CONCURRENCY_LIMITED,
+) = range(len(COUNTERS))
 #: The runtime percentiles reported, as ``p<n>`` keys.
 PERCENTILES = (50, 95, 99)
 #: Name under which events of task names beyond ``max_tasks`` are counted.
@@ -129,16 +151,22 @@ class Recorder:
         self._make_wheel(len(COUNTERS), self.clock).check_windows(windows)
 
     def snapshot(self, windows: Sequence[float], partial: bool = False) -> dict[str, Any]:
-        """``{"windows": [...], "tasks": {name: {counter: [per window], "runtime": {...}}}}``.
+        """The event's figures: ``windows``, ``tasks`` and ``runtime_scale``.
 
-        Only names with something counted in the longest window are listed; the
-        runtime figures are over the longest window (``None`` percentiles when empty).
+        Per task name: each counter's count per window, ``runtime`` (over the longest
+        window, ``None`` percentiles when empty), ``total`` (each counter since the
+        worker started) and ``runtime_total`` (count, sum and the non-empty log-scale
+        buckets ``[[index, count], ...]`` of every successful run since the worker
+        started; ``runtime_scale`` says what an index means). Every name with
+        anything counted since the start is listed.
         """
         tasks: dict[str, Any] = {}
         for name in sorted(self._wheels):
-            summary = self._wheels[name].summary(windows, partial)
-            if not any(any(row) for row in summary.counts) and summary.runtime.count == 0:
+            wheel = self._wheels[name]
+            totals = wheel.totals()
+            if not any(totals.counts) and totals.runtime is None:
                 continue
+            summary = wheel.summary(windows, partial)
             figures: dict[str, Any] = {
                 counter: [row[i] for row in summary.counts] for i, counter in enumerate(COUNTERS)
             }
@@ -149,8 +177,15 @@ class Recorder:
                 "max": hist.high,
                 **{f"p{p}": hist.percentile(p) for p in PERCENTILES},
             }
+            figures["total"] = dict(zip(COUNTERS, totals.counts, strict=True))
+            every = totals.runtime or Histogram()
+            figures["runtime_total"] = {
+                "count": every.count,
+                "sum": every.total,
+                "buckets": [[i, n] for i, n in sorted(every.buckets.items())],
+            }
             tasks[name] = figures
-        return {"windows": list(windows), "tasks": tasks}
+        return {"windows": list(windows), "tasks": tasks, "runtime_scale": dict(SCALE)}
 
 
 class LockedRecorder(Recorder):

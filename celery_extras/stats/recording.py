@@ -9,7 +9,9 @@ Where each counter comes from (all in the main process, for every pool):
   ``reject_on_worker_lost``: the request's pool callbacks
   (:class:`~.counting.RequestCounting`).
 * ``revoked``: ``task_revoked`` (discarded at receipt or execution, or terminated).
-* ``rate_limited``: :data:`celery_extras.signals.task_rate_limited`.
+* ``rate_limited``, ``parked``, ``released``, ``concurrency_limited``: the signals
+  of :mod:`celery_extras.signals` of those names.
+* ``ignored``: a task raising :class:`~celery.exceptions.Ignore` (the pool callbacks).
 * ``rejected`` too: messages of unknown tasks (``task_unknown``) and messages Celery
   cannot take as tasks (``task_rejected``).
 
@@ -25,9 +27,19 @@ from celery import Celery, bootsteps, signals
 from celery.concurrency.thread import TaskPool as ThreadPool
 from celery.worker.consumer.tasks import Tasks
 
-from ..signals import task_rate_limited
+from ..settings import settings_of
+from ..signals import task_concurrency_limited, task_parked, task_rate_limited, task_released
 from .counting import RequestCounting, counting_strategy
-from .recorder import RATE_LIMITED, REJECTED, REVOKED, LockedRecorder, Recorder
+from .recorder import (
+    CONCURRENCY_LIMITED,
+    PARKED,
+    RATE_LIMITED,
+    REJECTED,
+    RELEASED,
+    REVOKED,
+    LockedRecorder,
+    Recorder,
+)
 
 __all__ = ["INVALID", "StatsRecording", "TaskCounting"]
 
@@ -47,6 +59,9 @@ class _Receivers:
             (signals.task_unknown, self.on_unknown, f"{uid}.unknown"),
             (signals.task_rejected, self.on_rejected, f"{uid}.rejected"),
             (task_rate_limited, self.on_rate_limited, f"{uid}.rate_limited"),
+            (task_parked, self.on_parked, f"{uid}.parked"),
+            (task_released, self.on_released, f"{uid}.released"),
+            (task_concurrency_limited, self.on_concurrency_limited, f"{uid}.concurrency"),
         ]
 
     def connect(self) -> None:
@@ -71,10 +86,25 @@ class _Receivers:
             name = headers.get("task") if isinstance(headers, dict) else None
             self.recorder.count(name if isinstance(name, str) else INVALID, REJECTED)
 
-    def on_rate_limited(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+    def _count_named(self, sender: Any, request: Any, counter: int) -> None:
+        """Count *counter* of task *sender* (a name), if *request* is of this app or None."""
         app = getattr(request, "app", None) if request is not None else None
         if isinstance(sender, str) and (app is None or app is self.app):
-            self.recorder.count(sender, RATE_LIMITED)
+            self.recorder.count(sender, counter)
+
+    def on_rate_limited(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        self._count_named(sender, request, RATE_LIMITED)
+
+    def on_parked(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        self._count_named(sender, request, PARKED)
+
+    def on_released(self, sender: Any = None, **kwargs: Any) -> None:
+        self._count_named(sender, None, RELEASED)
+
+    def on_concurrency_limited(
+        self, sender: Any = None, request: Any = None, **kwargs: Any
+    ) -> None:
+        self._count_named(sender, request, CONCURRENCY_LIMITED)
 
 
 class StatsRecording(bootsteps.StartStopStep):
@@ -89,8 +119,6 @@ class StatsRecording(bootsteps.StartStopStep):
     requires = ("celery.worker.components:Pool",)
 
     def __init__(self, w: Any, **kwargs: Any) -> None:
-        from ..install import settings_of  # install imports this module
-
         settings = settings_of(w.app)
         self.enabled = bool(settings["stats_enabled"])
         self.max_tasks: int = settings["stats_max_tasks"]

@@ -8,28 +8,35 @@ costs a check, not memory.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from .recorder import COUNTERS, PERCENTILES
+from ..checks import is_int, is_number
+from .histogram import BUCKETS, SCALE, upper_bound
+from .recorder import BASE_COUNTERS, COUNTERS, PERCENTILES
 
 __all__ = [
+    "GAUGES",
     "MAX_NAME",
     "MAX_TASKS",
     "MAX_WINDOWS",
     "RUNTIME_FIELDS",
     "Malformed",
+    "RuntimeTotal",
     "TaskFigures",
     "Throughput",
+    "merge_workers",
     "parse",
 ]
 
 MAX_WINDOWS = 16
 MAX_TASKS = 10_000
 MAX_NAME = 500
+MAX_QUEUES = 1000
 RUNTIME_FIELDS = ("count", "sum", "max", *(f"p{p}" for p in PERCENTILES))
+#: Gauges of ``extras_state`` that are counts (``store`` is a string, ``buffered`` per queue).
+GAUGES = ("waiting", "parked")
 
 
 class Malformed(ValueError):
@@ -37,29 +44,58 @@ class Malformed(ValueError):
 
 
 @dataclass(frozen=True)
+class RuntimeTotal:
+    """Every successful run since the worker started: count, sum, bucket counts.
+
+    ``buckets`` maps a bucket's upper bound in seconds (``inf`` for the last) to
+    the runs in it, from the worker's log-scale histogram.
+    """
+
+    count: int
+    total: float
+    buckets: dict[float, int]
+
+
+@dataclass(frozen=True)
 class TaskFigures:
-    """One task's counters (one count per window) and runtime summary."""
+    """One task's counters (one count per window) and runtime summary.
+
+    ``totals`` (each counter since the worker started) and ``runtime_total`` are
+    ``None`` from a worker older than these fields.
+    """
 
     counts: dict[str, tuple[int, ...]]
     runtime: dict[str, float | None]
+    totals: dict[str, int] | None = None
+    runtime_total: RuntimeTotal | None = None
 
 
 @dataclass(frozen=True)
 class Throughput:
-    """One worker's figures as of its event's timestamp."""
+    """One worker's figures as of its event's timestamp.
+
+    ``state`` holds the worker's gauges from ``extras_state``: ``store``
+    (``{capability: "ok"|"down"|...}``), ``waiting`` and ``parked`` (ints) and
+    ``buffered`` (``{queue: int}``), each present only when the worker sent it.
+    """
 
     hostname: str
     timestamp: float
     windows: tuple[float, ...]
     tasks: dict[str, TaskFigures]
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 def _number(value: Any) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value)
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value, minimum=0)
+
+
+def _short(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_NAME
 
 
 def parse(event: Mapping[str, Any]) -> Throughput:
@@ -82,20 +118,37 @@ def parse(event: Mapping[str, Any]) -> Throughput:
         raise Malformed("tasks missing or not a mapping")
     if len(tasks) > MAX_TASKS:
         raise Malformed(f"tasks lists {len(tasks)} names, more than {MAX_TASKS}")
+    scale = _scale(event.get("runtime_scale"))
     figures = {}
     for name, task in tasks.items():
         if not isinstance(name, str) or len(name) > MAX_NAME:
             raise Malformed("a task name is not a string or is too long")
-        figures[name] = _task(name, task, len(windows))
-    return Throughput(hostname, float(timestamp), tuple(windows), figures)
+        figures[name] = _task(name, task, len(windows), scale)
+    state = _state(event.get("extras_state"))
+    return Throughput(hostname, float(timestamp), tuple(windows), figures, state)
 
 
-def _task(name: str, task: Any, n_windows: int) -> TaskFigures:
+def _scale(scale: Any) -> dict[str, int]:
+    if scale is None:
+        return dict(SCALE)
+    if not isinstance(scale, dict) or set(scale) != set(SCALE):
+        raise Malformed(f"runtime_scale must have exactly {sorted(SCALE)}")
+    if not all(is_int(v) for v in scale.values()):
+        raise Malformed("runtime_scale values must be integers")
+    per_octave, low, high = scale["per_octave"], scale["low_exp"], scale["high_exp"]
+    if not (1 <= per_octave <= 64 and -64 <= low < high <= 64):
+        raise Malformed("runtime_scale out of range")
+    return {"per_octave": per_octave, "low_exp": low, "high_exp": high}
+
+
+def _task(name: str, task: Any, n_windows: int, scale: dict[str, int]) -> TaskFigures:
     if not isinstance(task, dict):
         raise Malformed(f"tasks[{name!r}] is not a mapping")
     counts = {}
     for counter in COUNTERS:
         row = task.get(counter)
+        if row is None and counter not in BASE_COUNTERS:  # a worker older than the counter
+            row = [0] * n_windows
         if not isinstance(row, list) or len(row) != n_windows or not all(map(_count, row)):
             raise Malformed(
                 f"tasks[{name!r}][{counter!r}] must be {n_windows} non-negative integers"
@@ -105,12 +158,122 @@ def _task(name: str, task: Any, n_windows: int) -> TaskFigures:
     if not isinstance(runtime, dict):
         raise Malformed(f"tasks[{name!r}]['runtime'] missing or not a mapping")
     checked: dict[str, float | None] = {}
-    for field in RUNTIME_FIELDS:
-        value = runtime.get(field)
-        if value is None and field.startswith("p"):
-            checked[field] = None
+    for field_ in RUNTIME_FIELDS:
+        value = runtime.get(field_)
+        if value is None and field_.startswith("p"):
+            checked[field_] = None
         elif _number(value) and value >= 0:
-            checked[field] = float(value)
+            checked[field_] = float(value)
         else:
-            raise Malformed(f"tasks[{name!r}]['runtime'][{field!r}] is not a number >= 0")
-    return TaskFigures(counts, checked)
+            raise Malformed(f"tasks[{name!r}]['runtime'][{field_!r}] is not a number >= 0")
+    totals = task.get("total")
+    if totals is not None:
+        if not isinstance(totals, dict):
+            raise Malformed(f"tasks[{name!r}]['total'] is not a mapping")
+        totals = {c: totals.get(c, 0 if c not in BASE_COUNTERS else None) for c in COUNTERS}
+        if not all(map(_count, totals.values())):
+            raise Malformed(f"tasks[{name!r}]['total'] must map each counter to an integer >= 0")
+    return TaskFigures(counts, checked, totals, _runtime_total(name, task, scale))
+
+
+def _runtime_total(name: str, task: dict[str, Any], scale: dict[str, int]) -> RuntimeTotal | None:
+    every = task.get("runtime_total")
+    if every is None:
+        return None
+    where = f"tasks[{name!r}]['runtime_total']"
+    if not isinstance(every, dict):
+        raise Malformed(f"{where} is not a mapping")
+    count, total, buckets = every.get("count"), every.get("sum"), every.get("buckets")
+    if not _count(count) or not _number(total) or total < 0:
+        raise Malformed(f"{where} needs a count >= 0 and a sum >= 0")
+    n_buckets = (scale["high_exp"] - scale["low_exp"]) * scale["per_octave"] + 1
+    if not isinstance(buckets, list) or len(buckets) > min(n_buckets, BUCKETS * 4):
+        raise Malformed(f"{where}['buckets'] must be a list of at most {n_buckets} pairs")
+    bounds: dict[float, int] = {}
+    for pair in buckets:
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not _count(pair[0])
+            or pair[0] >= n_buckets
+            or not _count(pair[1])
+        ):
+            raise Malformed(f"{where}['buckets'] holds a bad [index, count] pair")
+        bound = upper_bound(pair[0], **scale)
+        bounds[bound] = bounds.get(bound, 0) + pair[1]
+    if sum(bounds.values()) != count:
+        raise Malformed(f"{where}: the buckets do not add up to the count")
+    return RuntimeTotal(count, float(total), bounds)
+
+
+def _state(state: Any) -> dict[str, Any]:
+    if state is None:
+        return {}
+    if not isinstance(state, dict):
+        raise Malformed("extras_state is not a mapping")
+    checked: dict[str, Any] = {}
+    store = state.get("store")
+    if store is not None:
+        if not isinstance(store, dict) or not all(
+            _short(k) and _short(v) for k, v in store.items()
+        ):
+            raise Malformed("extras_state['store'] must map capabilities to short strings")
+        checked["store"] = dict(store)
+    for gauge in GAUGES:
+        value = state.get(gauge)
+        if value is not None:
+            if not _count(value):
+                raise Malformed(f"extras_state[{gauge!r}] must be an integer >= 0")
+            checked[gauge] = value
+    buffered = state.get("buffered")
+    if buffered is not None:
+        if (
+            not isinstance(buffered, dict)
+            or len(buffered) > MAX_QUEUES
+            or not all(_short(k) and _count(v) for k, v in buffered.items())
+        ):
+            raise Malformed("extras_state['buffered'] must map queue names to integers >= 0")
+        checked["buffered"] = dict(buffered)
+    slots = state.get("concurrency")
+    if slots is not None:
+        if (
+            not isinstance(slots, dict)
+            or len(slots) > MAX_TASKS
+            or not all(
+                _short(name)
+                and isinstance(entry, dict)
+                and _count(entry.get("holding"))
+                and _count(entry.get("waiting"))
+                for name, entry in slots.items()
+            )
+        ):
+            raise Malformed(
+                "extras_state['concurrency'] must map task names to "
+                "{'holding': int >= 0, 'waiting': int >= 0}"
+            )
+        checked["concurrency"] = {
+            name: {"holding": e["holding"], "waiting": e["waiting"]} for name, e in slots.items()
+        }
+    return checked
+
+
+def merge_workers(
+    workers: Mapping[str, Throughput], windows: tuple[float, ...]
+) -> dict[str, TaskFigures]:
+    """Sum the workers that use *windows*; runtime p50 and p95 are the largest worker's."""
+    total: dict[str, TaskFigures] = {}
+    for figures in workers.values():
+        if figures.windows != windows:
+            continue
+        for name, task in figures.tasks.items():
+            seen = total.get(name)
+            if seen is None:
+                total[name] = TaskFigures(dict(task.counts), dict(task.runtime))
+                continue
+            for counter, row in task.counts.items():
+                summed = zip(seen.counts[counter], row, strict=True)
+                seen.counts[counter] = tuple(a + b for a, b in summed)
+            for p in ("p50", "p95"):
+                values = [v for v in (seen.runtime.get(p), task.runtime.get(p)) if v is not None]
+                seen.runtime[p] = max(values) if values else None
+    return total

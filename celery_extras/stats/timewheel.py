@@ -107,6 +107,8 @@ class TimeWheel:
         self.coarse = coarse
         self._ring = [Bucket(counters) for _ in range(span + spare)]
         self._size = len(self._ring)
+        #: what left this wheel for no coarser one: with the ring, the running totals
+        self.retired = Bucket(counters)
 
     @property
     def seconds(self) -> float:
@@ -123,8 +125,13 @@ class TimeWheel:
         return math.floor(self.clock() / self.width)
 
     def _turn(self, bucket: Bucket, round_: int) -> None:
-        if self.coarse is not None and bucket.round != _NEVER and not bucket.empty():
-            self.coarse.absorb(math.floor(bucket.round * self.width / self.coarse.width), bucket)
+        if bucket.round != _NEVER and not bucket.empty():
+            if self.coarse is not None:
+                self.coarse.absorb(
+                    math.floor(bucket.round * self.width / self.coarse.width), bucket
+                )
+            else:
+                self.retired.absorb(bucket)
         bucket.reset(round_)
 
     def current(self, now: float) -> Bucket:
@@ -151,7 +158,8 @@ class TimeWheel:
         """Fold a finer wheel's bucket into this wheel's bucket of *round_*."""
         bucket = self._ring[round_ % self._size]
         if bucket.round != round_:
-            if bucket.round > round_:  # older than this ring: outside every window, dropped
+            if bucket.round > round_:  # older than this ring: outside every window
+                self.retired.absorb(content)
                 return
             self._turn(bucket, round_)
         bucket.absorb(content)
@@ -210,6 +218,20 @@ class TimeWheel:
                         if i == longest and bucket.runtime is not None:
                             runtime.merge(bucket.runtime)
         return Summary(windows, totals, runtime)
+
+    def totals(self) -> Bucket:
+        """Everything counted since the wheel was made: a running total (counters, runtimes).
+
+        Each event lives in exactly one place (a bucket of a ring, or what left the
+        coarsest ring), so summing them costs nothing on the write path.
+        """
+        total = Bucket(self.counters)
+        for level in self._levels():
+            total.absorb(level.retired)
+            for bucket in level._ring:
+                if bucket.round != _NEVER:
+                    total.absorb(bucket)
+        return total
 
     def _levels(self) -> list[TimeWheel]:
         levels: list[TimeWheel] = []

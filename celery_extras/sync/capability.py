@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from celery import Celery
-from celery.worker.state import REVOKE_EXPIRES, REVOKES_MAX
 
 from ..capability import Capability
+from ..compat import REVOKE_EXPIRES, REVOKES_MAX
 from ..settings import Setting, boolean, number
 from .step import NoMingle, SyncStep
 

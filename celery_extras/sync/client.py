@@ -21,7 +21,10 @@ from celery import Celery
 from celery.app.control import Control
 from celery.utils.log import get_logger
 
+from ..bounds import shown
+from ..settings import settings_of
 from ..store import StoreUnavailable, redis_client, store_key
+from .control import STORED_UNTIL
 from .entries import Stamp, valid_id, valid_stamp
 from .revoke_store import RevokeStore
 
@@ -61,22 +64,31 @@ def record_revokes(
     Returns how many entries changed. Invalid ids or stamps raise :class:`ValueError`
     naming them; the store being unreachable raises :class:`redis.RedisError`.
     """
-    from ..install import settings_of
+    return _store(app, ids, stamps, expires)[0]
 
+
+def _store(
+    app: Celery,
+    ids: Iterable[object],
+    stamps: Iterable[tuple[object, object]],
+    expires: float | None,
+) -> tuple[int, float]:
+    """:func:`record_revokes`, also returning the Unix time until which the store holds them."""
     settings = settings_of(app)
     life = settings["revoke_expires"] if expires is None else float(expires)
     if not life > 0:
         raise ValueError(f"revoke expires {expires!r}: expected a number of seconds > 0")
     ids, stamps = list(ids), list(stamps)
-    bad = [repr(i)[:80] for i in ids if not valid_id(i)]
-    bad += [repr(s)[:80] for s in stamps if not valid_stamp(*s)]
+    bad = [shown(i) for i in ids if not valid_id(i)]
+    bad += [shown(s) for s in stamps if not valid_stamp(*s)]
     if bad:
         raise ValueError(f"cannot store revokes of {', '.join(bad)}: expected task ids "
                          f"(strings of 1-255 characters) and scalar stamps")  # fmt: skip
     expires_at = time.time() + life
     store = RevokeStore(redis_client(app), store_key(app), settings["revoke_max"])
     valid_stamps: dict[Stamp, float] = {(str(h), v): expires_at for h, v in stamps}  # type: ignore[misc]
-    return store.add({str(i): expires_at for i in ids}, valid_stamps, clock=app.clock.forward())
+    changed = store.add({str(i): expires_at for i in ids}, valid_stamps, clock=app.clock.forward())
+    return changed, expires_at
 
 
 class DurableRevokes(Control):
@@ -88,18 +100,18 @@ class DurableRevokes(Control):
         stamps: list[tuple[object, object]],
         destination: Any,
         expires: float | None,
-    ) -> None:
-        from ..install import settings_of
-
+    ) -> float | None:
+        """Store the revokes; return until when the store holds them (``None``: not stored)."""
         if destination is not None or not settings_of(self.app)["sync_enabled"]:
-            return
+            return None
         try:
-            record_revokes(self.app, ids, stamps, expires)
+            return _store(self.app, ids, stamps, expires)[1]
         except (StoreUnavailable, redis.RedisError, ValueError) as exc:
             logger.warning(
                 "celery-extras: revoke of %s not stored (only broadcast to live workers): %s",
                 ", ".join(map(str, [*ids, *stamps]))[:200], exc,
             )  # fmt: skip
+            return None
 
     def revoke(
         self,
@@ -109,10 +121,18 @@ class DurableRevokes(Control):
         signal: str = TERM_SIGNAME,
         **kwargs: Any,
     ) -> Any:
-        """Celery's revoke, stored first; ``revoke_expires=`` sets this revoke's lifetime (s)."""
+        """Celery's revoke, stored first; ``revoke_expires=`` sets this revoke's lifetime (s).
+
+        A stored revoke's broadcast says until when the store holds it
+        (:data:`~.control.STORED_UNTIL`), so the workers never write it back.
+        """
         expires = kwargs.pop("revoke_expires", None)
-        self._record(_as_list(task_id), [], destination, expires)
-        return super().revoke(task_id, destination, terminate, signal, **kwargs)
+        stored_until = self._record(_as_list(task_id), [], destination, expires)
+        if stored_until is None:
+            return super().revoke(task_id, destination, terminate, signal, **kwargs)
+        arguments = {"task_id": task_id, "terminate": terminate, "signal": signal,
+                     STORED_UNTIL: stored_until}  # fmt: skip
+        return self.broadcast("revoke", destination=destination, arguments=arguments, **kwargs)
 
     def revoke_by_stamped_headers(
         self,

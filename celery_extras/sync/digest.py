@@ -4,7 +4,10 @@ The store stamps every change with a sequence number, under an *epoch* token
 that changes when the store is emptied (a new Redis, keys deleted). A worker
 remembers the ``(epoch, seq)`` it has merged up to; comparing it with the
 store's current one decides, without reading any entry, whether to pull
-nothing, only the changes after its cursor, or everything. No Celery import.
+nothing, only the changes after its cursor, or everything. A sharded store has
+one such version per shard; the store's version then lists them, and any shard
+that went back (another epoch, a lower seq: a failover lost its last writes)
+means everything. No Celery import.
 """
 
 from __future__ import annotations
@@ -21,6 +24,14 @@ class Version:
 
     epoch: str
     seq: int
+    #: One version per shard of a sharded store (``epoch`` and ``seq`` then sum them up).
+    shards: tuple[Version, ...] = ()
+
+    @classmethod
+    def of_shards(cls, shards: list[Version]) -> Version:
+        return cls(
+            ",".join(shard.epoch for shard in shards), sum(s.seq for s in shards), tuple(shards)
+        )
 
 
 class Pull(enum.Enum):
@@ -39,6 +50,12 @@ def plan_pull(cursor: Version | None, store: Version) -> Pull:
     """
     if cursor is None or cursor.epoch != store.epoch or store.seq < cursor.seq:
         return Pull.EVERYTHING
-    if store.seq > cursor.seq:
+    if len(cursor.shards) != len(store.shards):
+        return Pull.EVERYTHING
+    pairs = zip(cursor.shards, store.shards, strict=True)
+    plans = {plan_pull(mine, theirs) for mine, theirs in pairs}
+    if Pull.EVERYTHING in plans:
+        return Pull.EVERYTHING
+    if store.seq > cursor.seq or Pull.CHANGES in plans:
         return Pull.CHANGES
     return Pull.NOTHING

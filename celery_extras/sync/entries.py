@@ -13,10 +13,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..bounds import shown
+from ..checks import is_int
+
 __all__ = [
+    "MAX_CLOCK",
     "MAX_ID_LENGTH",
     "Parsed",
     "Stamp",
+    "expiry_of",
     "parse_expiring",
     "parse_ids",
     "parse_stamp_member",
@@ -45,7 +50,7 @@ class Parsed:
     def drop(self, what: object) -> None:
         self.dropped += 1
         if len(self.examples) < 3:
-            self.examples.append(repr(what)[:80])
+            self.examples.append(shown(what))
 
 
 def valid_id(value: object) -> bool:
@@ -64,23 +69,25 @@ def valid_stamp(header: object, value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value)
 
 
+#: Highest Lamport clock accepted from a neighbour or the store (18 digits: a forged
+#: clock cannot push a worker's clock beyond what the store's counters hold).
+MAX_CLOCK = 10**18 - 1
+
+
 def valid_clock(value: object) -> bool:
-    """A Lamport clock value: a non-negative integer."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A Lamport clock value: a non-negative integer up to :data:`MAX_CLOCK`."""
+    return is_int(value, minimum=0, maximum=MAX_CLOCK)
 
 
-def _expiry(value: object) -> float | None:
+def expiry_of(value: object) -> float | None:
     """A finite expiry timestamp, or ``None`` when *value* is not one."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if isinstance(value, int | float) and math.isfinite(value):
-        return float(value)
-    return None
+    try:
+        number = float(value) if isinstance(value, str | int | float) else math.nan
+    except (ValueError, OverflowError):  # not a number, or an int beyond any float
+        return None
+    return number if math.isfinite(number) else None
 
 
 def stamp_member(header: str, value: str | int | float | bool) -> str:
@@ -118,7 +125,7 @@ def parse_expiring(
     parsed = Parsed()
     valid = _valid_stamp_pair if stamps else valid_id
     for task_id, raw_expiry in pairs:
-        expires_at = _expiry(raw_expiry)
+        expires_at = expiry_of(raw_expiry)
         if not valid(task_id) or expires_at is None:
             parsed.drop((task_id, raw_expiry))
         elif expires_at > now:

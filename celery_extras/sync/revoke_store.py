@@ -1,23 +1,34 @@
 """The durable revoke store: revoked task ids and stamps on Redis, each with its own expiry.
 
-Layout under ``<extras_key_prefix>:sync:``: two sorted sets ``revoked`` (task id
--> expiry, a Unix time) and ``stamps`` (``["header", value]`` JSON -> expiry); a
-change log ``log`` (``i:<id>`` / ``s:<stamp>`` -> sequence number of its last
-change) with its counter ``seq``; an ``epoch`` token; and ``clock``, the
-highest Lamport clock any writer or reader has reported.
+The store is split into :data:`SHARDS` shards, so that on a Redis Cluster no
+single slot (and no single master) holds every revoke. An id or stamp belongs to
+shard ``crc32(member) % SHARDS``. Shard ``n`` keeps its keys under one hash tag,
+``{<extras_key_prefix>:sync:<n>}:``, so each script touches one slot only: two
+sorted sets ``revoked`` (task id -> expiry, a Unix time) and ``stamps``
+(``["header", value]`` JSON -> expiry); a change log ``log`` (``i:<id>`` /
+``s:<stamp>`` -> sequence number of its last change) with its counter ``seq``;
+an ``epoch`` token; and ``clock``, the highest Lamport clock any writer or reader
+has reported to that shard (the store's clock is the highest of the shards').
 
-Every operation is one Lua script, so writes are atomic; a write that would not
-extend an entry's expiry changes nothing (idempotent); each call trims expired
-entries and evicts the soonest-expiring beyond ``max_entries``. A worker syncs by
-comparing the store's :class:`~.digest.Version` with the one it merged up to and
-reading only the changes after it.
+Every operation is one Lua script per shard, so each shard's writes are atomic; a
+write that would not extend an entry's expiry changes nothing (idempotent); each
+call trims expired entries and evicts the soonest-expiring beyond its share of
+``max_entries``. A worker syncs by comparing the store's
+:class:`~.digest.Version` (one per shard, see :func:`~.digest.plan_pull`) with
+the one it merged up to and reading only the changes after it.
+
+Earlier versions kept one unsharded set of these keys under
+``<extras_key_prefix>:sync:``; a full pull also reads those (:data:`LEGACY_PARTS`),
+so revokes written by the previous version are honoured after an upgrade.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,16 +36,38 @@ from typing import Any
 import redis
 
 from .digest import Version
-from .entries import Parsed, Stamp, parse_expiring, parse_stamp_member, stamp_member
+from .entries import (
+    Parsed,
+    Stamp,
+    parse_expiring,
+    parse_stamp_member,
+    stamp_member,
+    valid_clock,
+)
 
-__all__ = ["RevokeStore", "Snapshot"]
+__all__ = ["LEGACY_PARTS", "SHARDS", "RevokeStore", "Snapshot", "shard_of"]
 
 #: Entries per script call when writing many at once (each call is atomic).
 WRITE_CHUNK = 5000
+#: How many shards the revokes are spread over (fixed: it decides where an entry lives).
+SHARDS = 8
+#: The unsharded keys of earlier versions, read on a full pull: ``<prefix>:sync:<part>``.
+LEGACY_PARTS = ("revoked", "stamps", "clock")
 
 _COMMON = """
 local now = tonumber(ARGV[1])
 local max = tonumber(ARGV[2])
+local function counter(raw)
+  return raw and string.len(raw) <= 18 and string.match(raw, '^%d+$') ~= nil
+end
+local seq_raw = redis.call('GET', KEYS[4])
+local epoch_raw = redis.call('GET', KEYS[6])
+if (seq_raw and not counter(seq_raw)) or (epoch_raw and string.len(epoch_raw) > 64) then
+  -- garbage where the counter or the epoch should be: start a new epoch, so every
+  -- worker reads the whole shard again instead of trusting its cursor
+  redis.call('SET', KEYS[4], '0')
+  redis.call('SET', KEYS[6], ARGV[4])
+end
 redis.call('SET', KEYS[6], ARGV[4], 'NX')
 local function trim(key, tag)
   local gone = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, 10000)
@@ -50,7 +83,7 @@ local function trim(key, tag)
 end
 local function merge_clock()
   local stored = redis.call('GET', KEYS[5])
-  if (not stored) or tonumber(stored) < tonumber(ARGV[3]) then
+  if (not counter(stored)) or tonumber(stored) < tonumber(ARGV[3]) then
     redis.call('SET', KEYS[5], ARGV[3])
     return ARGV[3]
   end
@@ -141,21 +174,25 @@ class RevokeStore:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | redis.RedisCluster,
         prefix: str,
         max_entries: int,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
-        self.keys = [f"{prefix}:sync:{part}" for part in _KEY_PARTS]
+        self.shard_keys = [
+            [f"{{{prefix}:sync:{n}}}:{part}" for part in _KEY_PARTS] for n in range(SHARDS)
+        ]
+        self.legacy_keys = {part: f"{prefix}:sync:{part}" for part in LEGACY_PARTS}
         self.max_entries = max_entries
+        self.shard_max = max(1, math.ceil(max_entries / SHARDS))
         self.wall_clock = wall_clock
         self._write = client.register_script(_WRITE)
         self._probe = client.register_script(_PROBE)
         self._pull = client.register_script(_PULL)
 
     def _argv(self, clock: int) -> list[Any]:
-        return [repr(self.wall_clock()), self.max_entries, int(clock), uuid.uuid4().hex]
+        return [repr(self.wall_clock()), self.shard_max, int(clock), uuid.uuid4().hex]
 
     def add(
         self,
@@ -167,62 +204,121 @@ class RevokeStore:
 
         Entries already stored with a later expiry are left alone, so writing the
         same revoke twice is harmless. Raises :class:`redis.RedisError` when the
-        store cannot be reached.
+        store cannot be reached (shards written before the error keep their entries).
         """
-        id_items = [(i, float(e)) for i, e in (ids or {}).items()]
-        stamp_items = [(stamp_member(h, v), float(e)) for (h, v), e in (stamps or {}).items()]
+        by_shard: list[tuple[list[tuple[str, float]], list[tuple[str, float]]]] = [
+            ([], []) for _ in range(SHARDS)
+        ]
+        for task_id, expiry in (ids or {}).items():
+            by_shard[shard_of(str(task_id))][0].append((str(task_id), float(expiry)))
+        for (header, value), expiry in (stamps or {}).items():
+            member = stamp_member(header, value)
+            by_shard[shard_of(member)][1].append((member, float(expiry)))
         changed = 0
-        for id_chunk, stamp_chunk in _chunks(id_items, stamp_items):
-            argv = [*self._argv(clock), len(id_chunk)]
-            for member, expiry in (*id_chunk, *stamp_chunk):
-                argv += [member, repr(expiry)]
-            changed += int(self._write(keys=self.keys, args=argv)[0])
+        for n, (id_items, stamp_items) in enumerate(by_shard):
+            if not id_items and not stamp_items and n:
+                continue  # shard 0 is always written, so that an empty add still merges the clock
+            for id_chunk, stamp_chunk in _chunks(id_items, stamp_items):
+                argv = [*self._argv(clock), len(id_chunk)]
+                for member, expiry in (*id_chunk, *stamp_chunk):
+                    argv += [member, repr(expiry)]
+                changed += int(self._write(keys=self.shard_keys[n], args=argv)[0])
         return changed
 
     def probe(self, clock: int = 0) -> tuple[Version, int]:
         """The store's version and clock (after merging *clock* into it); trims as it goes."""
-        epoch, seq, stored_clock = self._probe(keys=self.keys, args=self._argv(clock))
-        return Version(str(epoch), int(seq)), int(stored_clock)
+        versions, clocks = [], []
+        for keys in self.shard_keys:
+            epoch, seq, stored_clock = self._probe(keys=keys, args=self._argv(clock))
+            versions.append(Version(str(epoch), int(seq)))
+            clocks.append(int(stored_clock))
+        return Version.of_shards(versions), max(clocks)
 
-    def pull(self, after: int = -1, clock: int = 0) -> Snapshot:
-        """Entries changed after sequence number *after* (``-1``: all), validated."""
+    def pull(self, after: Version | None = None, clock: int = 0) -> Snapshot:
+        """Entries changed after the cursor *after* (``None``: all, the legacy keys too), validated.
+
+        A cursor of another shape than the store's (written by another version) reads all.
+        """
         now = self.wall_clock()
-        reply = self._pull(keys=self.keys, args=[*self._argv(clock), int(after)])
-        epoch, seq, stored_clock, entries = reply
-        ids, stamps = _decode_entries(entries)
-        stamp_pairs = [
-            (parse_stamp_member(m) or m, e) for m, e in zip(stamps[::2], stamps[1::2], strict=True)
-        ]
+        shard_after = [-1] * SHARDS
+        if after is not None and len(after.shards) == SHARDS:
+            shard_after = [shard.seq for shard in after.shards]
+        id_pairs: list[Any] = []
+        stamp_pairs: list[Any] = []
+        versions, clocks = [], []
+        for keys, since in zip(self.shard_keys, shard_after, strict=True):
+            epoch, seq, stored_clock, entries = self._pull(
+                keys=keys, args=[*self._argv(clock), since]
+            )
+            versions.append(Version(str(epoch), int(seq)))
+            clocks.append(int(stored_clock))
+            ids, stamps = _decode_entries(entries)
+            id_pairs += zip(ids[::2], ids[1::2], strict=True)
+            stamp_pairs += zip(stamps[::2], stamps[1::2], strict=True)
+        if after is None:
+            legacy_ids, legacy_stamps, legacy_clock = self._legacy(now)
+            id_pairs = legacy_ids + id_pairs  # the shards' later expiries win
+            stamp_pairs = legacy_stamps + stamp_pairs
+            clocks.append(legacy_clock)
         return Snapshot(
-            Version(str(epoch), int(seq)),
-            int(stored_clock),
-            parse_expiring(zip(ids[::2], ids[1::2], strict=True), now),
-            parse_expiring(stamp_pairs, now, stamps=True),
+            Version.of_shards(versions),
+            max(clocks),
+            parse_expiring(id_pairs, now),
+            parse_expiring(
+                [(parse_stamp_member(m) or m, e) for m, e in stamp_pairs], now, stamps=True
+            ),
         )
 
-    def counts(self) -> dict[str, int]:
-        """How many ids and stamps the store holds, and its change counter."""
+    def _legacy(self, now: float) -> tuple[list[Any], list[Any], int]:
+        """What the previous, unsharded layout holds (read-only: single-key commands)."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self.keys[0])
-        pipe.zcard(self.keys[1])
-        pipe.get(self.keys[3])
-        pipe.get(self.keys[4])
-        ids, stamps, seq, clock = pipe.execute()
-        return {"ids": ids, "stamps": stamps, "seq": int(seq or 0), "clock": int(clock or 0)}
+        pipe.zrangebyscore(self.legacy_keys["revoked"], f"({now!r}", "+inf", withscores=True)
+        pipe.zrangebyscore(self.legacy_keys["stamps"], f"({now!r}", "+inf", withscores=True)
+        pipe.get(self.legacy_keys["clock"])
+        ids, stamps, clock = pipe.execute()
+        try:
+            legacy_clock = int(clock or 0)
+        except ValueError:
+            legacy_clock = 0
+        if not valid_clock(legacy_clock):
+            legacy_clock = 0
+        return list(ids), list(stamps), legacy_clock
+
+    def counts(self) -> dict[str, int]:
+        """How many ids and stamps the store holds, and its change counter (all shards)."""
+        totals = {"ids": 0, "stamps": 0, "seq": 0, "clock": 0}
+        for keys in self.shard_keys:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcard(keys[0])
+            pipe.zcard(keys[1])
+            pipe.get(keys[3])
+            pipe.get(keys[4])
+            ids, stamps, seq, clock = pipe.execute()
+            totals["ids"] += ids
+            totals["stamps"] += stamps
+            totals["seq"] += int(seq or 0)
+            totals["clock"] = max(totals["clock"], int(clock or 0))
+        return totals
 
     def newest(self, limit: int) -> dict[str, Any]:
         """The *limit* ids and stamps expiring last, with their expiry (for listings)."""
-        ids: list[tuple[str, float]] = self.client.zrevrange(  # type: ignore[assignment]
-            self.keys[0], 0, limit - 1, withscores=True
-        )
-        stamps: list[tuple[str, float]] = self.client.zrevrange(  # type: ignore[assignment]
-            self.keys[1], 0, limit - 1, withscores=True
-        )
+        ids: list[tuple[str, float]] = []
+        stamps: list[tuple[str, float]] = []
+        for keys in self.shard_keys:
+            ids += self.client.zrevrange(keys[0], 0, limit - 1, withscores=True)  # type: ignore[arg-type]
+            stamps += self.client.zrevrange(keys[1], 0, limit - 1, withscores=True)  # type: ignore[arg-type]
+        ids = sorted(ids, key=lambda pair: pair[1], reverse=True)[:limit]
+        stamps = sorted(stamps, key=lambda pair: pair[1], reverse=True)[:limit]
         parsed = [(parse_stamp_member(m), e) for m, e in stamps]
         return {
             "newest_ids": dict(ids),
             "newest_stamps": [[s[0], s[1], e] for s, e in parsed if s is not None],
         }
+
+
+def shard_of(member: str) -> int:
+    """The shard of an id, or of a stamp's stored member (stable across versions and hosts)."""
+    return zlib.crc32(member.encode("utf-8", "surrogatepass")) % SHARDS
 
 
 def _decode_entries(text: str) -> tuple[list[Any], list[Any]]:

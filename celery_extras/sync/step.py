@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from celery import bootsteps
-from celery.worker import state as worker_state
 
+from .. import compat
+from ..settings import settings_of
 from .control import SYNCER_ATTR
 from .state import WorkerRevokes
 from .syncer import Syncer
@@ -24,12 +25,6 @@ __all__ = ["NoMingle", "SyncStep"]
 DRAIN_INTERVAL = 0.1
 
 
-def _settings(app: Any) -> dict[str, Any]:
-    from ..install import settings_of  # install imports this module
-
-    return settings_of(app)
-
-
 class NoMingle(bootsteps.Step):
     """Worker step: disable Celery's Mingle when celery-extras sync is on (one sync, not two)."""
 
@@ -37,7 +32,7 @@ class NoMingle(bootsteps.Step):
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        if _settings(parent.app)["sync_enabled"]:
+        if settings_of(parent.app)["sync_enabled"]:
             parent.options["without_mingle"] = True
 
 
@@ -49,13 +44,13 @@ class SyncStep(bootsteps.StartStopStep):
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
-        settings = _settings(c.app)
+        settings = settings_of(c.app)
         self.enabled = settings["sync_enabled"]
         self.timers: list[Any] = []
         if not self.enabled:
             return
         revokes = WorkerRevokes(
-            worker_state.revoked, worker_state.revoked_stamps, settings["revoke_expires"]
+            compat.worker_revoked(), compat.worker_revoked_stamps(), settings["revoke_expires"]
         )
         setattr(c, SYNCER_ATTR, Syncer(c.app, c.hostname, revokes, settings))
 

@@ -16,13 +16,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
 from celery import Celery
 from celery.utils.log import get_logger
 
+from ..bounds import shown
+from ..outage import store_text
 from ..store import StoreUnavailable, redis_client, store_key
 from .digest import Pull, Version, plan_pull
 from .entries import Parsed, Stamp, parse_ids, parse_stamps, valid_clock
@@ -41,7 +43,7 @@ class Syncer:
     """Loads, re-syncs and shares one worker's revokes; see the module docstring."""
 
     def __init__(
-        self, app: Celery, hostname: str, revokes: WorkerRevokes, settings: dict[str, Any]
+        self, app: Celery, hostname: str, revokes: WorkerRevokes, settings: Mapping[str, Any]
     ) -> None:
         self.app = app
         self.hostname = hostname
@@ -61,6 +63,7 @@ class Syncer:
         self.pending_stamps: dict[Stamp, float] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self._unmerged = threading.Event()  # a pull is queued, not merged yet
         self.threads: list[threading.Thread] = []
         self.stats: dict[str, Any] = {
             "loaded": 0,
@@ -72,7 +75,10 @@ class Syncer:
             "dropped": 0,
             "last_sync": None,
         }
-        self._store_down = False
+        #: ``ok``, ``down`` (cannot reach it) or ``error`` (it answered with an error, or
+        #: with something this version cannot read): see :meth:`info`.
+        self.store_state = "ok"
+        self.store_reason = ""
 
     # -- consumer thread ---------------------------------------------------
 
@@ -85,13 +91,15 @@ class Syncer:
         started = time.monotonic()
         cursor = self.cursor  # set when the consumer restarts (e.g. after a lost connection)
         try:
-            snapshot = self.store.pull(-1 if cursor is None else cursor.seq, self.app.clock.value)
+            snapshot = self.store.pull(cursor, self.app.clock.value)
             if cursor is not None and plan_pull(cursor, snapshot.version) is Pull.EVERYTHING:
-                snapshot = self.store.pull(-1, clock=self.app.clock.value)
-        except redis.RedisError as exc:
+                snapshot = self.store.pull(None, clock=self.app.clock.value)
+                self._restore()
+        except Exception as exc:  # whatever the store holds, the worker starts
             self._store_failed(exc, starting=True)
             return
         self._apply(snapshot)
+        self.stats["last_sync"] = time.time()
         self.stats["loaded"] = len(snapshot.ids.kept) + len(snapshot.stamps.kept)
         self.stats["load_seconds"] = round(time.monotonic() - started, 4)
         logger.info(
@@ -113,7 +121,12 @@ class Syncer:
 
     def collect(self) -> None:
         """Hand the revokes only this worker holds to the thread, to be stored."""
-        ids, stamps = self.revokes.unstored()
+        self.drain()  # what the thread pulled is in the store: merge it first, not push it
+        try:
+            ids, stamps = self.revokes.unstored()
+        except Exception:  # a timer of the consumer: log, and try again next time
+            logger.exception("celery-extras sync: collecting unstored revokes failed")
+            return
         if ids or stamps:
             with self.lock:
                 self.pending_ids.update(ids)
@@ -136,11 +149,16 @@ class Syncer:
                 thread.join(timeout=self.hello_timeout + 3.0)
         self.threads = []
 
-    def _apply(self, snapshot: Snapshot) -> None:
+    def _merge_pulled(self, snapshot: Snapshot) -> None:
+        self._unmerged.clear()
+        self._apply(snapshot, cursor=False)
+
+    def _apply(self, snapshot: Snapshot, cursor: bool = True) -> None:
         self.app.clock.adjust(snapshot.clock)
         self.revokes.merge_ids(snapshot.ids.kept, stored=True)
         self.revokes.merge_stamps(snapshot.stamps.kept, stored=True)
-        self.cursor = snapshot.version
+        if cursor:
+            self.cursor = snapshot.version
         self._note_dropped("store", snapshot.ids, snapshot.stamps)
 
     def _note_dropped(self, source: str, *parsed: Parsed) -> None:
@@ -157,15 +175,41 @@ class Syncer:
 
     def _run(self) -> None:
         while not self.stopping.wait(self.interval):
-            self.cycle()
+            try:
+                self.cycle()
+            except Exception:  # cycle() catches the store's errors; this is the last guard
+                logger.exception("celery-extras sync: anti-entropy round failed; carrying on")
 
     def cycle(self) -> None:
         """One anti-entropy round: push what only we hold, compare versions, pull the changes."""
         if self.store is None:
             return
-        with self.lock:
-            ids, stamps = dict(self.pending_ids), dict(self.pending_stamps)
         try:
+            version, store_clock = self.store.probe(self.app.clock.value)
+            self.app.clock.adjust(store_clock)
+            plan = plan_pull(self.cursor, version)
+            if plan is Pull.EVERYTHING and self.cursor is not None:
+                self.inbox.put(self._restore)  # the store lost changes: a failover, a flush
+            pulled: Snapshot | None = None
+            if plan is not Pull.NOTHING and not self._unmerged.is_set():
+                after = None if plan is Pull.EVERYTHING else self.cursor
+                pulled = snapshot = self.store.pull(after, clock=self.app.clock.value)
+                self.stats["pulls"] += 1
+                self.stats["pulled"] += len(snapshot.ids.kept) + len(snapshot.stamps.kept)
+                # the thread moves the cursor itself: a busy consumer that has not merged
+                # this yet must not make the next round pull (and queue) it all again
+                # (and at most one pull waits to be merged: a busy consumer does not pile
+                # them up in memory; the next round pulls what came meanwhile)
+                self.cursor = snapshot.version
+                self._unmerged.set()
+                self.inbox.put(lambda: self._merge_pulled(snapshot))
+            with self.lock:
+                if pulled is not None:  # the store has these already: no write amplification
+                    for task_id in pulled.ids.kept:
+                        self.pending_ids.pop(task_id, None)
+                    for stamp in pulled.stamps.kept:
+                        self.pending_stamps.pop(stamp, None)
+                ids, stamps = dict(self.pending_ids), dict(self.pending_stamps)
             if ids or stamps:
                 self.store.add(ids, stamps, clock=self.app.clock.value)
                 with self.lock:
@@ -174,32 +218,52 @@ class Syncer:
                     for stamp in stamps:
                         self.pending_stamps.pop(stamp, None)
                 self.stats["pushed"] += len(ids) + len(stamps)
-            version, store_clock = self.store.probe(self.app.clock.value)
-            self.app.clock.adjust(store_clock)
-            plan = plan_pull(self.cursor, version)
-            if plan is not Pull.NOTHING:
-                after = -1 if plan is Pull.EVERYTHING else self.cursor.seq  # type: ignore[union-attr]
-                snapshot = self.store.pull(after, clock=self.app.clock.value)
-                self.stats["pulls"] += 1
-                self.stats["pulled"] += len(snapshot.ids.kept) + len(snapshot.stamps.kept)
-                self.inbox.put(lambda: self._apply(snapshot))
-        except redis.RedisError as exc:
+        except Exception as exc:  # unreachable, a wrong-type key, a reply we cannot read
             self._store_failed(exc, starting=False)
             return
         self.stats["last_sync"] = time.time()
-        if self._store_down:
-            self._store_down = False
+        if self.store_state != "ok":
+            self.store_state, self.store_reason = "ok", ""
+            self.inbox.put(self._restore)
             logger.warning("celery-extras sync: the revoke store is reachable again; catching up")
 
+    def _restore(self) -> None:
+        """Write again everything this worker knows the store held (consumer thread).
+
+        After an outage or a store that went back (a Sentinel failover can drop the
+        last writes the old master acknowledged but had not replicated), the revokes
+        it lost come back from the workers that hold them; writes are idempotent.
+        """
+        ids, stamps = self.revokes.stored()
+        with self.lock:
+            for task_id, expiry in ids.items():
+                self.pending_ids.setdefault(task_id, expiry)
+            for stamp, expiry in stamps.items():
+                self.pending_stamps.setdefault(stamp, expiry)
+
     def _store_failed(self, exc: Exception, starting: bool) -> None:
-        if starting:
-            logger.warning(
-                "celery-extras sync: the revoke store is unreachable (%r); starting without "
-                "the durable revokes, will catch up every %s s once it is back", exc, self.interval,
-            )  # fmt: skip
-        elif not self._store_down:
-            logger.warning("celery-extras sync: the revoke store is unreachable: %r", exc)
-        self._store_down = True
+        """Mark the store down or in error, and log it once per outage (Redis' text kept)."""
+        unreachable = isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError)
+        state = "down" if unreachable else "error"
+        reason = store_text(exc)
+        first = self.store_state == "ok" or (starting and self.stats["last_sync"] is None)
+        self.store_state, self.store_reason = state, reason
+        if not first:
+            return
+        what = (
+            "the revoke store is unreachable"
+            if unreachable
+            else "the revoke store answered with an error or with data this version cannot read"
+        )
+        then = (
+            "starting without the durable revokes"
+            if starting
+            else "revokes are not synced through it"
+        )
+        logger.error(
+            "celery-extras sync: %s (%s); %s, retrying every %s s (logged once per outage)",
+            what, reason, then, self.interval,
+        )  # fmt: skip
 
     def hello(self) -> None:
         """Ask live neighbours for their revokes and clocks; merge each reply as it arrives."""
@@ -216,13 +280,15 @@ class Syncer:
     def on_reply(self, body: Any) -> None:
         """One neighbour's reply ``{hostname: {"clock", "revoked", "stamps"}}``, validated."""
         if not isinstance(body, dict) or len(body) != 1:
-            logger.warning("celery-extras sync: dropped a malformed hello reply: %.80r", body)
+            logger.warning("celery-extras sync: dropped a malformed hello reply: %s", shown(body))
             return
         ((node, reply),) = body.items()
         if node == self.hostname or reply is None:
             return
         if not isinstance(reply, dict):
-            logger.warning("celery-extras sync: dropped a malformed hello reply from %.80r", node)
+            logger.warning(
+                "celery-extras sync: dropped a malformed hello reply from %s", shown(node)
+            )
             return
         if "error" in reply:  # e.g. a neighbour without celery-extras: no such command
             logger.debug("celery-extras sync: %s cannot sync: %.200r", node, reply["error"])
@@ -242,11 +308,20 @@ class Syncer:
         self.inbox.put(merge)
 
     def info(self) -> dict[str, Any]:
+        last = self.stats["last_sync"]
+        health: dict[str, Any] = {}
+        if self.store_state != "ok":
+            health = {
+                "store_error": self.store_reason,
+                "last_sync_age": None if last is None else round(time.time() - last, 1),
+            }
         return {
-            "store": "absent" if self.store is None else ("down" if self._store_down else "ok"),
+            "store": "absent" if self.store is None else self.store_state,
+            **health,
             "cursor": None if self.cursor is None else self.cursor.seq,
             "clock": self.app.clock.value,
             "revoked": len(self.revokes.revoked),
+            "known": len(self.revokes.known_ids) + len(self.revokes.known_stamps),
             "stamps": sum(1 for _ in self.revokes.local_stamps()),
             "interval": self.interval,
             **self.stats,

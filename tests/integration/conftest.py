@@ -5,11 +5,15 @@ test, it is never skipped). ``ns`` isolates one test's queues, exchanges and
 store keys. ``cluster`` holds a test's app and workers: ``cluster.configure(**conf)``
 sets the app's configuration and ``cluster.worker(...)`` starts workers that build
 the very same app. ``restartable_cluster`` puts a cluster on a broker the test may
-stop and restart.
+stop and restart. ``store`` says where the shared store lives: ``"default"`` (the
+broker's Redis, else the result backend's) or ``"redis-cluster"`` (the private
+3-master Redis Cluster); tests marked with :func:`also_on_redis_cluster` run once
+more with the store on the cluster.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,18 +21,55 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
+from celery_extras.stats.listener import ClusterState, Listener
 from tests.support import proj
-from tests.support.brokers import Restartable, require_broker, restartable_broker
+from tests.support.brokers import REDIS_URL, Restartable, require_broker, restartable_broker
 from tests.support.journal import Journal
-from tests.support.workers import WorkerProcess
+from tests.support.topology import RedisClusterTopology
+from tests.support.workers import WorkerProcess, wait_for
 
 
 @pytest.fixture(params=["redis", "rabbitmq"])
 def broker(request: pytest.FixtureRequest) -> str:
     """URL of a real broker; the test runs once on Redis and once on RabbitMQ."""
     return require_broker(request.param)
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def client(request: pytest.FixtureRequest) -> Any:
+    """A store client (``decode_responses``): the shared Redis, then the private 3-master
+    Redis Cluster, for the store's script tests (a module may define its own ``client``)."""
+    if request.param == "redis-cluster":
+        topology: RedisClusterTopology = request.getfixturevalue("redis_cluster_topology")
+        return topology.client()
+    return redis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+
+STORES = ("default", "redis-cluster")
+
+
+def also_on_redis_cluster(broker: str) -> pytest.MarkDecorator:
+    """Run the test on both brokers with the default store, and once more with the store on
+    the 3-master Redis Cluster and the broker *broker* (once, not per broker: CI time)."""
+    return pytest.mark.parametrize(
+        ("broker", "store"),
+        [("redis", "default"), ("rabbitmq", "default"), (broker, "redis-cluster")],
+        indirect=True,
+        ids=["redis", "rabbitmq", f"{broker}-store-on-redis-cluster"],
+    )
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest) -> str:
+    """Where the shared store lives (see the module docstring): ``"default"`` unless marked,
+    or unless ``EXTRAS_TEST_STORE=redis-cluster`` puts every test's store on the cluster
+    (``EXTRAS_TEST_STORE=redis-cluster pytest tests/integration/test_sync.py``)."""
+    kind: str = getattr(request, "param", os.environ.get("EXTRAS_TEST_STORE", "default"))
+    assert kind in STORES, kind
+    return kind
 
 
 @pytest.fixture
@@ -89,13 +130,31 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(broker: str, ns: str, tmp_path: Path) -> Iterator[Cluster]:
+def cluster(
+    broker: str, store: str, ns: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
     """A namespaced app on the parametrized broker; its workers are stopped after the test."""
     c = Cluster(broker, ns, tmp_path)
+    if store == "redis-cluster":
+        topology: RedisClusterTopology = request.getfixturevalue("redis_cluster_topology")
+        c.conf["extras_redis_url"] = topology.url
     try:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture
+def listening(cluster: Cluster) -> Iterator[ClusterState]:
+    """The cluster's ``worker-throughput`` events, as a listener consuming them has them."""
+    state = ClusterState()
+    listener = Listener(cluster.app, state, wakeup=False)
+    listener.start()
+    try:
+        wait_for(listener.ready.is_set, timeout=30, what="event listener consuming")
+        yield state
+    finally:
+        listener.stop()
 
 
 @pytest.fixture

@@ -26,4 +26,4 @@ def test_installed_worker_runs_tasks_and_reports_itself(
         what="inspect stats",
     )
     installed = stats[worker.hostname]["extras_install"]
-    assert installed["capabilities"] == ["sync", "policies", "consumer", "stats"]
+    assert installed["capabilities"] == ["sync", "policies", "delay", "consumer", "stats"]

@@ -24,8 +24,9 @@ import redis
 
 from celery_extras.store import redis_client, store_key
 from celery_extras.sync import RevokeStore, record_revokes
+from celery_extras.sync.revoke_store import shard_of
 from celery_extras.sync.syncer import HELLO
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, also_on_redis_cluster
 from tests.support import proj
 from tests.support.journal import Journal
 from tests.support.workers import ROOT, WorkerProcess, wait_for
@@ -55,7 +56,8 @@ def store_of(cluster: Cluster) -> RevokeStore:
 
 
 def in_store(cluster: Cluster, task_id: str) -> bool:
-    return store_of(cluster).client.zscore(store_of(cluster).keys[0], task_id) is not None
+    store = store_of(cluster)
+    return store.client.zscore(store.shard_keys[shard_of(task_id)][0], task_id) is not None
 
 
 def tags(journal: Journal) -> list[Any]:
@@ -69,6 +71,7 @@ def wait_revoked(cluster: Cluster, *task_ids: str) -> None:
         wait_for(lambda r=result: r.state == "REVOKED", timeout=60, what=f"{task_id} REVOKED")
 
 
+@also_on_redis_cluster("rabbitmq")
 def test_revokes_sent_while_no_worker_runs_are_honoured(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:
@@ -79,8 +82,8 @@ def test_revokes_sent_while_no_worker_runs_are_honoured(
     app.control.revoke_by_stamped_headers({"batch": [by_stamp]})
     # malformed store contents must be dropped and logged, not crash the worker
     store = store_of(cluster)
-    store.client.zadd(store.keys[0], {"x" * 300: time.time() + 600})
-    store.client.zadd(store.keys[1], {"not json": time.time() + 600})
+    store.client.zadd(store.shard_keys[0][0], {"x" * 300: time.time() + 600})
+    store.client.zadd(store.shard_keys[1][1], {"not json": time.time() + 600})
 
     send("tests.noop", "revoked-by-id", task_id=by_id)
     send("tests.noop", "revoked-by-id-2", task_id=f"rid2-{by_id}")
@@ -136,6 +139,7 @@ def test_sigkilled_worker_restarted_honours_every_earlier_revoke(
     assert tags(journal) == ["kept"]
 
 
+@also_on_redis_cluster("redis")
 def test_worker_that_missed_a_broadcast_converges_without_restart(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:

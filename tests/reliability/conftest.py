@@ -1,5 +1,5 @@
 """The reliability suite uses the integration fixtures: real workers on real brokers."""
 
-from tests.integration.conftest import broker, cluster, journal, ns, send
+from tests.integration.conftest import broker, cluster, journal, ns, send, store
 
-__all__ = ["broker", "cluster", "journal", "ns", "send"]
+__all__ = ["broker", "cluster", "journal", "ns", "send", "store"]

@@ -17,6 +17,7 @@ __all__ = [
     "retried",
     "retried_in_outage",
     "retried_in_outage_early_ack",
+    "retried_per_item",
     "weighted",
 ]
 
@@ -45,6 +46,21 @@ def retried(self: Task, tag: Any = None) -> Any:
         raise ValueError(f"first attempt of {tag}")
     _note(self, tag=tag, outcome="done")
     return tag
+
+
+@retry_policy(
+    on=(ValueError,), policy=ExponentialBackoff(base=0.2, cap=1.0), per_item=True,
+    key=lambda args, kwargs: args[0],
+)  # fmt: skip
+@shared_task(bind=True, name="tests.reliability.retried_per_item", acks_late=True)
+def retried_per_item(self: Task, item: str, failures: int) -> Any:
+    """Fail with ``ValueError`` on the first *failures* attempts (failure memory per item, in
+    the store), then succeed."""
+    if self.request.retries < failures:
+        _note(self, tag=item, outcome="failed")
+        raise ValueError(f"attempt {self.request.retries} of {item}")
+    _note(self, tag=item, outcome="done")
+    return item
 
 
 @shared_task(bind=True, name="tests.reliability.weighted", acks_late=True)

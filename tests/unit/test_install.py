@@ -125,7 +125,7 @@ def test_public_api_is_reexported() -> None:
 def test_store_url_prefers_the_setting_then_the_broker_then_the_backend(
     conf: dict[str, str], url: str | None
 ) -> None:
-    assert store_url(make_app(**conf)) == url
+    assert store_url(install(make_app(**conf))) == url
 
 
 def test_store_keys_live_under_the_prefix() -> None:

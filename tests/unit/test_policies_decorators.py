@@ -25,7 +25,11 @@ def make_app(name: str = "unit") -> Celery:
     [
         ({"rate": "10/x"}, "limit() on task 'unit.t': rate '10/x': unit must be one of s, m, h"),
         ({"rate": "fast"}, "limit() on task 'unit.t': rate 'fast': expected a number"),
-        ({"rate": 0}, "limit() on task 'unit.t': rate 0: must be a finite number of tasks > 0"),
+        ({"rate": 0}, "limit() on task 'unit.t': rate 0: must be between one a day"),
+        ({"rate": "1e-300/s"}, "limit() on task 'unit.t': rate '1e-300/s': must be between"),
+        ({"rate": 10**400}, "limit() on task 'unit.t': rate 1000"),
+        ({"rate": "1/s", "burst": 10**30},
+         "limit() on task 'unit.t': burst 1000000000000000000000000000000: expected an integer"),
         ({"rate": "1/s", "burst": 0}, "limit() on task 'unit.t': burst 0: expected an integer"),
         ({"rate": "1/s", "scope": "cluster"},
          "limit() on task 'unit.t': scope 'cluster': expected 'global' or 'worker'"),

@@ -53,7 +53,12 @@ def test_foreign_keys_are_ignored() -> None:
         ("extras_size", 0, "extras_size: expected an integer >= 1, got 0 (int)"),
         ("extras_on", "yes", "extras_on: expected True or False, got 'yes' (str)"),
         ("extras_mode", "c", "extras_mode: expected one of 'a', 'b', got 'c' (str)"),
-        ("extras_url", "amqp://x", "extras_url: expected a redis://, rediss:// or unix:// URL"),
+        (
+            "extras_url",
+            "amqp://x",
+            "extras_url: expected a redis://, rediss://, unix://, redis+cluster:// or "
+            "sentinel:// URL",
+        ),
         ("extras_name", "", "extras_name: expected a non-empty string, got '' (str)"),
     ],
 )

@@ -6,9 +6,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from billiard.einfo import ExceptionInfo
+from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from celery.concurrency.thread import TaskPool as ThreadPool
-from celery.exceptions import Ignore, Reject, Retry, Terminated, WorkerLostError
+from celery.exceptions import (
+    Ignore,
+    Reject,
+    Retry,
+    Terminated,
+    TimeLimitExceeded,
+    WorkerLostError,
+)
 from celery.worker.request import Request
 
 from celery_extras.stats.counting import RequestCounting, counting_strategy
@@ -116,8 +123,13 @@ def test_a_request_counts_start_success_and_runtime_then_calls_its_own_callbacks
     [
         (ValueError("boom"), {"failed": 1}),
         (Retry(), {"retried": 1}),
+        # retry(exc=...), autoretry_for and retry_policy: a Retry carrying the error
+        (Retry("again", exc=ValueError("boom"), when=1.0), {"retried": 1}),
+        (Retry(exc=Reject("inner")), {"retried": 1}),
         (Reject(), {"rejected": 1}),
-        (Ignore(), {}),
+        (Ignore(), {"ignored": 1}),
+        (TimeLimitExceeded(1.0), {"failed": 1}),
+        (SystemExit(1), {"failed": 1}),  # a child gone without a terminate: lost worker
         (Terminated(15), {}),  # counted as revoked, by task_revoked
     ],
 )
@@ -133,6 +145,39 @@ def test_a_failure_is_counted_once_whichever_callback_reports_it(
     assert by_error.calls == [("failure", False)]
     assert counts(recorder, "by-result") == expected
     assert counts(recorder, "by-error") == expected
+
+
+def test_an_exception_wrapped_by_billiard_is_unwrapped_once(recorder: Recorder) -> None:
+    request = handed(recorder, TaskRequest())
+    wrapped = einfo(ValueError("x"))
+    wrapped.exception = ExceptionWithTraceback(Retry(exc=ValueError("inner")), "tb")
+    request.on_failure(wrapped)
+    assert counts(recorder) == {"retried": 1}
+
+
+def test_a_child_killed_by_a_terminate_is_not_counted_again(recorder: Recorder) -> None:
+    request = handed(recorder, TaskRequest())
+    request._already_revoked = True
+    request.on_failure(einfo(SystemExit(15)))
+    assert counts(recorder) == {}
+
+
+def test_a_hard_time_limit_with_acks_late_and_no_ack_on_timeout_is_requeued(
+    recorder: Recorder,
+) -> None:
+    request = handed(recorder, TaskRequest(acks_late=True))
+    request.task.acks_on_timeout = False
+    request.on_failure(einfo(TimeLimitExceeded(1.0)))
+    assert counts(recorder) == {"rejected": 1}
+
+
+def test_a_message_republished_by_celery_extras_is_not_received_again(
+    recorder: Recorder,
+) -> None:
+    counting = counting_strategy("t", lambda *args, **kw: None, recorder)
+    for headers in ({"task": "t"}, {"task": "t", "extras_slot": "t"}, {"extras_parked": "1"}):
+        counting(SimpleNamespace(headers=headers), None, None, None, None)
+    assert counts(recorder) == {"received": 1}
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,13 @@ from types import SimpleNamespace
 import pytest
 from celery import Celery
 
-from celery_extras.signals import task_rate_limited
+from celery_extras.signals import (
+    task_concurrency_limited,
+    task_parked,
+    task_rate_limited,
+    task_released,
+)
+from celery_extras.stats.histogram import bucket_of
 from celery_extras.stats.recorder import (
     COUNTERS,
     FAILED,
@@ -38,7 +44,7 @@ def test_snapshot_has_exactly_the_contract_fields() -> None:
     snap = rec.snapshot([1, 10, 60, 3600])
     assert snap["windows"] == [1, 10, 60, 3600]
     figures = snap["tasks"]["a"]
-    assert set(figures) == {*COUNTERS, "runtime"}
+    assert set(figures) == {*COUNTERS, "runtime", "total", "runtime_total"}
     assert figures["received"] == [3, 3, 3, 3]
     assert figures["succeeded"] == [2, 2, 2, 2]
     assert figures["failed"] == [1, 1, 1, 1]
@@ -50,17 +56,54 @@ def test_snapshot_has_exactly_the_contract_fields() -> None:
     assert figures["runtime"]["p50"] == pytest.approx(0.25, rel=0.023)
 
 
-def test_names_idle_for_longer_than_the_longest_window_are_left_out() -> None:
+def test_names_idle_for_longer_than_the_longest_window_stay_listed_with_their_totals() -> None:
+    """Running totals are Prometheus counters: a name must not vanish when it goes idle."""
     clock = FakeClock(5000.0)
     rec = Recorder(clock)
+    assert rec.snapshot([1])["tasks"] == {}
     rec.count("old", RECEIVED)
     clock.now += 30
     rec.count("new", RECEIVED)
     clock.now += 1
-    assert set(rec.snapshot([1, 10])["tasks"]) == {"new"}
-    assert set(rec.snapshot([1, 60])["tasks"]) == {"old", "new"}
-    clock.now += 1
-    assert rec.snapshot([1])["tasks"] == {}
+    tasks = rec.snapshot([1, 10])["tasks"]
+    assert set(tasks) == {"old", "new"}
+    assert tasks["old"]["received"] == [0, 0]
+    assert tasks["old"]["total"]["received"] == 1
+    assert tasks["new"]["received"] == [1, 1]
+    clock.now += 7200  # both wheels turned over: only the totals remember
+    rec.count("new", RECEIVED)
+    tasks = rec.snapshot([1, 3600])["tasks"]
+    assert tasks["old"]["received"] == [0, 0] and tasks["old"]["total"]["received"] == 1
+    assert tasks["new"]["total"]["received"] == 2
+
+
+def test_totals_and_runtime_buckets_stay_exact_across_both_wheels() -> None:
+    """Events spread over 3 hours: the totals equal the sum written, whatever the wheels dropped."""
+    clock = FakeClock(1000.0)
+    rec = Recorder(clock)
+    written = 0
+    runtimes: list[float] = []
+    for step in range(3 * 3600 // 7):
+        clock.now += 7
+        rec.count("t", FAILED, step % 3)
+        written += step % 3
+        runtime = 0.001 * (1 + step % 50)
+        rec.succeeded("t", runtime)
+        runtimes.append(runtime)
+        if step % 997 == 0:
+            rec.snapshot([1, 60, 3600])  # reading must not change what is counted
+    figures = rec.snapshot([1, 60, 3600])["tasks"]["t"]
+    assert figures["total"]["failed"] == written
+    assert figures["total"]["succeeded"] == len(runtimes)
+    every = figures["runtime_total"]
+    assert every["count"] == len(runtimes)
+    assert every["sum"] == pytest.approx(sum(runtimes))
+    assert sum(n for _, n in every["buckets"]) == len(runtimes)
+    expected: dict[int, int] = {}
+    for value in runtimes:
+        expected[bucket_of(value)] = expected.get(bucket_of(value), 0) + 1
+    assert every["buckets"] == [[i, n] for i, n in sorted(expected.items())]
+    assert figures["succeeded"][2] < len(runtimes)  # the hour window forgot the rest
 
 
 def test_names_beyond_max_tasks_are_counted_under_other() -> None:
@@ -118,6 +161,28 @@ def test_task_rate_limited_signal_is_counted_for_its_app_only(
     other.close()
 
 
+def test_delay_store_and_concurrency_signals_are_counted(
+    recording: tuple[Celery, Recorder, FakeClock],
+) -> None:
+    app, rec, clock = recording
+    other = Celery("other", set_as_current=False)
+    task_parked.send(sender="t", request=SimpleNamespace(app=app), due=30.0)
+    task_parked.send(sender="t", request=None, due=30.0)  # a retry parked from the pool
+    task_parked.send(sender="t", request=SimpleNamespace(app=other), due=30.0)
+    task_released.send(sender="t", task_id="id-1")
+    task_concurrency_limited.send(sender="t", request=SimpleNamespace(app=app))
+    task_concurrency_limited.send(sender=None, request=None)
+    clock.now += 1
+    figures = rec.snapshot([1])["tasks"]["t"]
+    assert (figures["parked"], figures["released"], figures["concurrency_limited"]) == (
+        [2],
+        [1],
+        [1],
+    )
+    assert figures["total"]["parked"] == 2
+    other.close()
+
+
 def test_disconnected_receivers_count_nothing(
     recording: tuple[Celery, Recorder, FakeClock],
 ) -> None:
@@ -156,3 +221,28 @@ def test_counts_across_rounds_equal_an_exact_count_of_the_events() -> None:
                 names = {owner} if owner != OTHER else {n for _, n in events} - set(rec.names())
                 want = sum(1 for t, n in events if n in names and now - window <= t < now)
                 assert got == want, (clock.now, owner, window)
+
+
+def test_the_worker_state_gauges_come_from_the_steps_info() -> None:
+    from celery_extras.stats.emitter import worker_state
+
+    infos = {
+        "extras_policies": {
+            "store": "down",
+            "waiting": 3,
+            "held": 9,
+            "concurrency": {"tasks": {"t.c": {"holding": 1, "waiting": 2, "cap": 1}}},
+        },
+        "extras_sync": {"store": "ok"},
+        "extras_delay": {"depth": 12, "store": "down: ConnectionError()"},
+        "extras_queues": {"buffered": {"high": 1, "low": 0, "bad": "x"}},
+        "extras": {"windows": [1]},
+    }
+    assert worker_state(infos) == {
+        "store": {"policies": "down", "sync": "ok", "delay": "down: ConnectionError()"},
+        "waiting": 3,
+        "parked": 12,
+        "concurrency": {"t.c": {"holding": 1, "waiting": 2}},
+        "buffered": {"high": 1, "low": 0},
+    }
+    assert worker_state({}) == {}

@@ -102,3 +102,84 @@ def test_silent_workers_age_out_of_the_view() -> None:
     state.on_event(good_event("w2@h"))
     assert list(state.workers(max_age=30)) == ["w2@h"]
     assert list(state.workers()) == ["w1@h", "w2@h"]
+
+
+def test_an_event_of_an_older_worker_parses_with_the_later_counters_at_zero() -> None:
+    event = good_event()
+    for counter in ("ignored", "parked", "released", "concurrency_limited"):
+        del event["tasks"]["a"][counter]
+    figures = parse(event)
+    assert figures.tasks["a"].counts["parked"] == (0, 0)
+    assert figures.tasks["a"].totals is None and figures.tasks["a"].runtime_total is None
+    assert figures.state == {}
+
+
+def test_totals_runtime_buckets_and_state_parse() -> None:
+    event = good_event()
+    event["runtime_scale"] = {"per_octave": 16, "low_exp": -20, "high_exp": 14}
+    event["tasks"]["a"]["total"] = {c: 3 for c in COUNTERS}
+    event["tasks"]["a"]["runtime_total"] = {"count": 3, "sum": 0.3, "buckets": [[0, 1], [544, 2]]}
+    event["extras_state"] = {
+        "store": {"policies": "ok", "sync": "down"},
+        "waiting": 4,
+        "parked": 7,
+        "buffered": {"q1": 2},
+    }
+    figures = parse(event)
+    task = figures.tasks["a"]
+    assert task.totals == {c: 3 for c in COUNTERS}
+    assert task.runtime_total is not None
+    assert task.runtime_total.buckets == {2.0 ** (-20 + 1 / 16): 1, float("inf"): 2}
+    assert figures.state == event["extras_state"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (["tasks", "a", "total"], {"received": -1}),
+        (["tasks", "a", "total"], [1]),
+        (["tasks", "a", "runtime_total"], {"count": 2, "sum": 0.1, "buckets": [[0, 1]]}),
+        (["tasks", "a", "runtime_total"], {"count": 1, "sum": 0.1, "buckets": [[9999, 1]]}),
+        (["tasks", "a", "runtime_total"], {"count": 1, "sum": "x", "buckets": [[0, 1]]}),
+        (["runtime_scale"], {"per_octave": 10**9, "low_exp": -20, "high_exp": 14}),
+        (["extras_state"], {"waiting": -1}),
+        (["extras_state"], {"store": {"policies": 3}}),
+        (["extras_state"], {"buffered": {"q": "many"}}),
+        (["extras_state"], "ok"),
+    ],
+)
+def test_bad_added_fields_are_malformed(path: list[Any], value: Any) -> None:
+    with pytest.raises(Malformed):
+        parse(broken(path, value))
+
+
+def test_concurrency_gauges_parse_and_reach_prometheus() -> None:
+    from celery_extras.stats.emitter import worker_state
+    from celery_extras.stats.prometheus import ThroughputCollector
+
+    infos = {"extras_policies": {"concurrency": {"tasks": {
+        "t.a": {"n": 2, "scope": "global", "cap": 2, "holding": 2, "waiting": 5},
+        "t.b": {"n": 1, "holding": "x", "waiting": 0},  # not counts: left out
+    }}}}  # fmt: skip
+    state_gauges = worker_state(infos)
+    assert state_gauges == {"concurrency": {"t.a": {"holding": 2, "waiting": 5}}}
+    event = good_event()
+    event["extras_state"] = state_gauges
+    assert parse(event).state == state_gauges
+    state = ClusterState(clock=lambda: 100.0)
+    state.on_event(event)
+    families = {f.name: f for f in ThroughputCollector(state).collect()}
+    for family, value in (("celery_extras_concurrency_holding", 2.0),
+                          ("celery_extras_concurrency_waiting", 5.0)):  # fmt: skip
+        [sample] = families[family].samples
+        assert sample.labels == {"worker": "w1@h", "task": "t.a"} and sample.value == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"t": {"holding": -1, "waiting": 0}}, {"t": {"holding": 1}}, {"": {"holding": 1,
+     "waiting": 1}}, ["t"], {"t": 3}],
+)  # fmt: skip
+def test_bad_concurrency_gauges_are_malformed(value: Any) -> None:
+    with pytest.raises(Malformed):
+        parse(broken(["extras_state"], {"concurrency": value}))

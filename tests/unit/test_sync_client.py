@@ -42,3 +42,37 @@ def test_invalid_revokes_are_refused_by_name_before_any_write() -> None:
         record_revokes(app, ["x" * 300, 7])
     with pytest.raises(ValueError, match="revoke expires -1"):
         record_revokes(app, ["fine"], expires=-1)
+
+
+def test_a_stored_revoke_is_broadcast_with_its_mark_and_the_worker_notes_it() -> None:
+    from celery.utils.collections import AttributeDict, LimitedSet
+    from celery.worker.control import Panel
+
+    from celery_extras.sync.control import STORED_UNTIL, SYNCER_ATTR
+    from celery_extras.sync.state import WorkerRevokes
+
+    app = Celery("d", broker="memory://", set_as_current=False)
+    celery_extras.install(app)
+    sent: list[dict[str, object]] = []
+    app.control.broadcast = lambda command, **kw: sent.append({"command": command, **kw})  # type: ignore[method-assign]
+    app.control._record = lambda *a: 2_000_000_000.0  # type: ignore[method-assign]
+    app.control.revoke(["a", "b"])
+    (message,) = sent
+    assert message["command"] == "revoke" and message["destination"] is None
+    assert message["arguments"] == {
+        "task_id": ["a", "b"], "terminate": False, "signal": "SIGTERM", STORED_UNTIL: 2e9
+    }  # fmt: skip
+
+    # the worker's revoke command: Celery's own, then the ids noted as stored
+    revokes = WorkerRevokes(LimitedSet(maxlen=100), {}, 100.0, wall_clock=lambda: 1_999_999_000.0)
+    syncer = AttributeDict(revokes=revokes)
+    state = AttributeDict(app=app, hostname="w@x", consumer=AttributeDict({SYNCER_ATTR: syncer}))
+    from celery.worker import state as worker_state
+
+    worker_state.revoked.clear()
+    try:
+        Panel.data["revoke"](state, **message["arguments"])  # type: ignore[arg-type]
+        assert "a" in worker_state.revoked and "b" in worker_state.revoked
+        assert revokes.known_ids == {"a": 2e9, "b": 2e9}
+    finally:
+        worker_state.revoked.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -11,7 +12,9 @@ import redis
 from celery import Celery
 from celery.utils.collections import LimitedSet
 
-from celery_extras.sync.digest import Version
+from celery_extras import install
+from celery_extras.sync.control import HELLO_REPLY_BYTES, within_bytes
+from celery_extras.sync.digest import Pull, Version, plan_pull
 from celery_extras.sync.entries import Parsed
 from celery_extras.sync.revoke_store import Snapshot
 from celery_extras.sync.state import WorkerRevokes
@@ -50,15 +53,15 @@ class FakeStore:
         self._check()
         return self.version, self.clock
 
-    def pull(self, after: int = -1, clock: int = 0) -> Snapshot:
+    def pull(self, after: Version | None = None, clock: int = 0) -> Snapshot:
         self._check()
-        self.pulls.append(after)
+        self.pulls.append(-1 if after is None else after.seq)
         return Snapshot(self.version, self.clock, Parsed(dict(self.ids)), Parsed())
 
 
 @pytest.fixture
 def syncer() -> Syncer:
-    app = Celery("t", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app = install(Celery("t", broker="redis://127.0.0.1:1/0", set_as_current=False))
     revokes = WorkerRevokes(LimitedSet(maxlen=1000, expires=100.0), {}, 100.0)
     sync = Syncer(app, "me@host", revokes, SETTINGS)
     sync.store = FakeStore()  # type: ignore[assignment]
@@ -139,3 +142,55 @@ def test_neighbour_replies_are_validated_bounded_and_merged(
     assert syncer.revokes.revoked_stamps == {"h": ["v"]}
     assert syncer.stats["neighbours"] == ["n1@host", "n2@host"]
     assert "dropped 4 malformed revoke entries from neighbour n1@host" in caplog.text
+
+
+def test_a_store_that_lost_writes_gets_them_back_from_the_worker(syncer: Syncer) -> None:
+    """A failover dropped the store's last writes (its seq went back, same epoch): the
+    worker pulls everything and writes again what it knew the store held."""
+    store = store_of(syncer)
+    store.ids = {"kept": time.time() + 50, "lost": time.time() + 60}
+    store.version = Version("e", 2)
+    syncer.load()
+    store.ids = {"kept": store.ids["kept"]}
+    store.version = Version("e", 1)
+    syncer.cycle()
+    syncer.drain()
+    syncer.cycle()
+    assert store.pulls == [-1, -1]
+    assert sorted(store.added[-1]) == ["kept", "lost"]
+    assert store.added[-1]["lost"] == pytest.approx(time.time() + 60, abs=5)
+
+
+def test_store_back_after_an_outage_is_given_what_the_worker_knew(syncer: Syncer) -> None:
+    store = store_of(syncer)
+    store.ids, store.version = {"a": time.time() + 50}, Version("e", 1)
+    syncer.load()
+    store.down = True
+    syncer.cycle()
+    store.down = False
+    syncer.cycle()
+    syncer.drain()
+    syncer.cycle()
+    assert [sorted(ids) for ids in store.added] == [["a"]]
+
+
+def test_sharded_versions_plan_per_shard() -> None:
+    def v(*seqs: int) -> Version:
+        return Version.of_shards([Version("e", n) for n in seqs])
+
+    assert plan_pull(v(1, 2), v(1, 2)) is Pull.NOTHING
+    assert plan_pull(v(1, 2), v(1, 3)) is Pull.CHANGES
+    # one shard lost a write, another gained two: the sum grew, but that shard went back
+    assert plan_pull(v(5, 2), v(4, 4)) is Pull.EVERYTHING
+    assert plan_pull(v(1, 2), Version.of_shards([Version("e", 1), Version("f", 2)])) is (
+        Pull.EVERYTHING
+    )
+    assert plan_pull(v(1, 2), v(1, 2, 0)) is Pull.EVERYTHING  # another shard count
+
+
+def test_hello_reply_keeps_the_newest_ids_within_its_byte_budget() -> None:
+
+    ids = [f"{i:036d}" for i in range(10_000)]  # as long as Celery's UUIDs
+    kept, left = within_bytes(ids, HELLO_REPLY_BYTES)
+    assert kept == ids[-len(kept) :] and 1500 < len(kept) < 1700
+    assert len(json.dumps(kept)) <= HELLO_REPLY_BYTES and 0 <= left < 40

@@ -1,0 +1,507 @@
+"""Every private Celery and kombu attribute celery-extras uses, in this one module.
+
+celery-extras reaches into a few internals of the worker (its state module, the
+prefetch window, the timer entry of a waiting request, the pool's poller...).
+Each is listed in :data:`PRIVATE` with the shape relied on and what happens
+without it; the rest of the package goes through the functions below, never to
+the attribute itself.
+
+Where a supported Celery release lacks one, the function falls back to what
+that release does itself (Celery 5.5 and 5.6 track no scheduled requests, so a
+held task is not tracked either); where nothing can stand in, :func:`check_worker`
+fails the worker start with the Celery version and the feature, so no worker
+dies later, mid-run. ``tests/unit/test_compat.py`` checks every entry on the
+installed Celery and kombu: the first release that moves one fails CI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+import celery
+import kombu
+from celery.events.receiver import EventReceiver
+from celery.exceptions import ImproperlyConfigured
+from celery.worker import state as _state
+
+from .checks import is_number
+
+__all__ = [
+    "CELERY_VERSION",
+    "KOMBU_VERSION",
+    "PRIVATE",
+    "REVOKES_MAX",
+    "REVOKE_EXPIRES",
+    "ConsumerLike",
+    "DroppingEventReceiver",
+    "Private",
+    "QoSLike",
+    "RequestLike",
+    "TimerEntry",
+    "check_worker",
+    "drop_acks",
+    "forget_held",
+    "limited_set_items",
+    "missing",
+    "narrow_prefetch",
+    "pool_poll_start",
+    "promise_proxy_parts",
+    "replace_connection_close",
+    "request_pending",
+    "reserved_requests",
+    "revoked_or_cancelled",
+    "shared_task_parts",
+    "task_reserved",
+    "track_held",
+    "transport_channels",
+    "widen_prefetch",
+    "worker_revoked",
+    "worker_revoked_stamps",
+]
+
+logger = logging.getLogger(__name__)
+
+CELERY_VERSION: str = celery.__version__
+KOMBU_VERSION: str = kombu.__version__
+
+
+# -- the worker objects touched, as far as celery-extras relies on them -----------------------
+
+
+class TimerEntry(Protocol):
+    """An entry of the worker's timer (``kombu.asynchronous.timer.Entry``)."""
+
+    def cancel(self) -> None: ...
+
+
+class QoSLike(Protocol):
+    """The consumer's prefetch window (``kombu.common.QoS``)."""
+
+    def increment_eventually(self, n: int = 1) -> int: ...
+
+    def decrement_eventually(self, n: int = 1) -> int: ...
+
+
+class RequestLike(Protocol):
+    """A task request of the worker (``celery.worker.request.Request``)."""
+
+    @property
+    def id(self) -> str: ...
+
+
+class ConsumerLike(Protocol):
+    """The worker's consumer (``celery.worker.consumer.Consumer``), the parts touched here."""
+
+    qos: QoSLike
+    pool: Any
+
+
+# -- the registry ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Private:
+    """One private attribute: where it is, the shape relied on, what uses it, what stands in.
+
+    ``path`` is dotted from the module (``"Request._eta_timer_entry"``); ``shape`` checks
+    what is found there. An entry with ``fallback`` degrades as it says when missing;
+    one without it is required, and :func:`check_worker` refuses to start the worker.
+    ``probe`` entries are instance attributes: ``shape`` builds a throwaway object to
+    look, so only the tests check them (the worker start checks the class-level ones).
+    """
+
+    module: str
+    path: str
+    shape: Callable[[Any], bool]
+    expects: str
+    used_by: str
+    fallback: str | None = None
+    probe: bool = False
+    since: str | None = None  # the Celery release that brought it (None: every supported one)
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.path}"
+
+
+def _callable(*params: str) -> Callable[[Any], bool]:
+    """A callable whose signature starts with *params* (after ``self`` for methods)."""
+
+    def shape(obj: Any) -> bool:
+        if not callable(obj):
+            return False
+        if not params:
+            return True
+        try:
+            names = list(inspect.signature(obj).parameters)
+        except (TypeError, ValueError):
+            return False
+        if names and names[0] == "self":
+            names = names[1:]
+        return names[: len(params)] == list(params)
+
+    return shape
+
+
+def _is_set(obj: Any) -> bool:
+    return all(callable(getattr(obj, m, None)) for m in ("add", "discard", "__contains__"))
+
+
+def _limited_set_data(cls: Any) -> bool:
+    data = getattr(cls(maxlen=2), "_data", None)
+    return isinstance(data, dict)
+
+
+def _promise_proxy_parts(cls: Any) -> bool:
+    def fun() -> None: ...
+
+    proxy = cls(lambda: None, (fun,), {"name": "n"})
+    return promise_proxy_parts(proxy) == ((fun,), {"name": "n"})
+
+
+def _proxy_local(cls: Any) -> bool:
+    proxy = cls(lambda: None)
+    return callable(object.__getattribute__(proxy, "_Proxy__local"))
+
+
+def _shared_task_closure(shared_task: Any) -> bool:
+    """The getter ``shared_task`` wraps in its Proxy closes over ``fun`` and ``name``.
+
+    Read from the code objects, without calling ``shared_task`` (that would register a
+    task in every app finalized afterwards).
+    """
+    from celery.local import Proxy
+
+    def getters(code: Any) -> Iterable[Any]:
+        for const in code.co_consts:
+            if inspect.iscode(const):
+                yield const
+                yield from getters(const)
+
+    proxies = "Proxy" in inspect.getsource(shared_task) and Proxy.__name__ == "Proxy"
+    return proxies and any(
+        {"fun", "name"} <= set(code.co_freevars) and "app" in code.co_varnames
+        for code in getters(shared_task.__code__)
+    )
+
+
+def _pool_has_poller(cls: Any) -> bool:
+    """``TaskPool.on_start`` sets ``self._pool``, an AsynPool that sets ``on_poll_start``."""
+    from celery.concurrency.asynpool import AsynPool
+
+    return "self._pool = " in inspect.getsource(cls.on_start) and (
+        "self.on_poll_start = " in inspect.getsource(AsynPool._create_write_handlers)
+    )
+
+
+def _transport_channels(cls: Any) -> bool:
+    from kombu.connection import Connection
+
+    connection = Connection("memory://")
+    try:
+        return isinstance(transport_channels(connection.transport), list)
+    finally:
+        connection.release()
+
+
+def _receive(obj: Any) -> bool:
+    from celery.events.receiver import EventReceiver
+
+    source = inspect.getsource(EventReceiver.get_consumers)
+    return _callable("body", "message")(obj) and "callbacks=[self._receive]" in source
+
+
+def _number(obj: Any) -> bool:
+    return is_number(obj, above=0)
+
+
+PRIVATE: tuple[Private, ...] = (
+    Private("celery.worker.state", "revoked", lambda o: _is_set(o) and hasattr(o, "purge"),
+            "the LimitedSet of revoked ids", "sync: revokes merged into the worker"),
+    Private("celery.worker.state", "revoked_stamps", lambda o: isinstance(o, dict),
+            "a dict {header: [values]}", "sync: stamped-header revokes merged"),
+    Private("celery.worker.state", "requests", lambda o: isinstance(o, dict),
+            "a dict {task id: request}", "limits: a held task dropped on connection loss"),
+    Private("celery.worker.state", "reserved_requests", _is_set,
+            "a set of reserved requests",
+            "fair queues: room left in the pool; concurrency: a slot whose request ended "
+            "unseen is freed"),
+    Private("celery.worker.state", "task_reserved", _callable("request"),
+            "task_reserved(request)", "limits: a task let through is reserved as Celery does"),
+    Private("celery.worker.state", "task_scheduled", _callable("request"),
+            "task_scheduled(request)", "limits: a held task is listed like an ETA task",
+            fallback="Celery < 5.7 tracks no scheduled request: a held task is not either",
+            since="5.7"),
+    Private("celery.worker.state", "scheduled_requests", _is_set,
+            "a set of scheduled requests", "limits: a held task dropped on connection loss",
+            fallback="Celery < 5.7 tracks no scheduled request: nothing to drop", since="5.7"),
+    Private("celery.worker.state", "REVOKES_MAX", _number,
+            "an int", "sync: default of extras_revoke_max",
+            fallback="50000, Celery's documented default"),
+    Private("celery.worker.state", "REVOKE_EXPIRES", _number,
+            "a number of seconds", "sync: default of extras_revoke_expires",
+            fallback="10800, Celery's documented default"),
+    Private("celery.worker.request", "Request._eta_timer_entry", lambda o: o is None,
+            "a class attribute, None until a timer entry is set",
+            "limits: Celery's on_close() cancels a held task's timer entry",
+            fallback="Celery < 5.7: the policies step cancels its own entries on close",
+            since="5.7"),
+    Private("celery.worker.request", "Request.on_accepted", _callable("pid", "time_accepted"),
+            "on_accepted(pid, time_accepted), overridden in a subclass",
+            "stats: a task counted as started"),
+    Private("celery.worker.request", "Request.on_success", _callable("failed__retval__runtime"),
+            "on_success((failed, retval, runtime)), overridden in a subclass",
+            "stats: outcome and runtime counted; concurrency: the slot freed"),
+    Private("celery.worker.request", "Request.on_failure", _callable("exc_info"),
+            "on_failure(exc_info, ...), overridden in a subclass",
+            "stats: failures counted; concurrency: the slot freed"),
+    Private("celery.worker.request", "Request.terminate", _callable("pool", "signal"),
+            "terminate(pool, signal=None), overridden in a subclass",
+            "concurrency: the slot of a terminated task freed"),
+    Private("celery.worker.request", "Request.cancel", _callable("pool", "signal"),
+            "cancel(pool, signal=None, ...), overridden in a subclass",
+            "concurrency: the slot of a task cancelled on a lost connection freed"),
+    Private("celery.worker.request", "Request.on_timeout", _callable("soft", "timeout"),
+            "on_timeout(soft, timeout), overridden in a subclass",
+            "concurrency: the slot of a task killed by its hard time limit freed"),
+    Private("celery.worker.request", "Request.execute_using_pool", _callable("pool"),
+            "execute_using_pool(pool, ...), raising TaskRevokedError for a revoked task, "
+            "overridden in a subclass",
+            "concurrency: the slot of a task revoked while it waited freed"),
+    Private("celery.worker.request", "Request._already_revoked", lambda o: o is False,
+            "a class attribute, False until Celery announced the request revoked",
+            "stats: a child killed by a terminate is not counted again as a failure",
+            fallback="such a child counts as failed, as a lost worker would"),
+    Private("celery.worker.request", "Request._already_cancelled", lambda o: o is False,
+            "a class attribute, False until Celery cancelled the request",
+            "stats: a child killed by a cancel is not counted as a failure",
+            fallback="such a child counts as failed, as a lost worker would"),
+    Private("kombu.common", "QoS.increment_eventually", _callable("n"),
+            "increment_eventually(n=1)", "limits: prefetch widened while a task is held"),
+    Private("kombu.common", "QoS.decrement_eventually", _callable("n"),
+            "decrement_eventually(n=1)", "limits: prefetch narrowed when a held task goes"),
+    Private("celery.utils.collections", "LimitedSet", _limited_set_data,
+            "LimitedSet()._data, a dict in insertion order", "sync: revoked ids listed",
+            fallback="the set's own (sorted) iteration, slower", probe=True),
+    Private("celery.local", "PromiseProxy", _promise_proxy_parts,
+            "_Proxy__args and _Proxy__kwargs of a pending @app.task",
+            "limit()/retry_policy() above @app.task before the app is finalized", probe=True),
+    Private("celery.local", "Proxy", _proxy_local,
+            "_Proxy__local, the getter of a @shared_task proxy",
+            "limit()/retry_policy() above @shared_task", probe=True),
+    Private("celery", "shared_task", _shared_task_closure,
+            "closure cells 'fun' and 'name' of the shared task's getter",
+            "limit()/retry_policy() above @shared_task", probe=True),
+    Private("celery.events.receiver", "EventReceiver._receive", _receive,
+            "_receive(body, message), the callback of get_consumers()",
+            "stats monitor: a malformed event is dropped, not raised"),
+    Private("celery.concurrency.prefork", "TaskPool", _pool_has_poller,
+            "TaskPool()._pool.on_poll_start, the prefork pool's writer tick",
+            "fair queues: jobs handed on reach idle processes at once",
+            fallback="jobs reach the processes at the event loop's next wake-up", probe=True),
+    Private("kombu.transport.virtual", "Transport", _transport_channels,
+            "Transport().channels, the list of open channels",
+            "Redis close guard: acks on a lost connection dropped", probe=True),
+    Private("kombu.connection", "Connection.collect", _callable(),
+            "Connection.collect()", "Redis close guard: wraps the close of a lost connection"),
+    Private("kombu.connection", "Connection.release", _callable(),
+            "Connection.release()", "Redis close guard: wraps the close of a lost connection"),
+)  # fmt: skip
+
+
+def _find(entry: Private, import_module: Callable[[str], ModuleType]) -> Any:
+    obj: Any = import_module(entry.module)
+    for part in entry.path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def missing(
+    entries: Iterable[Private] = PRIVATE,
+    import_module: Callable[[str], ModuleType] = importlib.import_module,
+    probes: bool = True,
+) -> list[tuple[Private, str]]:
+    """``(entry, what is wrong)`` for each entry absent or of another shape than relied on."""
+    problems: list[tuple[Private, str]] = []
+    for entry in entries:
+        if entry.probe and not probes:
+            continue
+        try:
+            found = _find(entry, import_module)
+        except (ImportError, AttributeError) as exc:
+            problems.append((entry, f"{entry.name} is missing ({exc})"))
+            continue
+        try:
+            ok = entry.shape(found)
+        except Exception as exc:
+            ok, why = False, f" ({exc!r})"
+        else:
+            why = ""
+        if not ok:
+            problems.append((entry, f"{entry.name} is not {entry.expects}{why}"))
+    return problems
+
+
+def check_worker(import_module: Callable[[str], ModuleType] = importlib.import_module) -> None:
+    """At worker start: fail naming the Celery version and feature when a required internal
+    is missing; log what falls back."""
+    problems = missing(import_module=import_module, probes=False)
+    required = [f"{why}: needed by {e.used_by}" for e, why in problems if e.fallback is None]
+    if required:
+        raise ImproperlyConfigured(
+            f"celery-extras does not support Celery {CELERY_VERSION} / kombu {KOMBU_VERSION}: "
+            + "; ".join(required)
+        )
+    for entry, why in problems:
+        logger.info("celery-extras on Celery %s: %s; %s", CELERY_VERSION, why, entry.fallback)
+
+
+# -- celery.worker.state -----------------------------------------------------------------------
+
+REVOKES_MAX: int = getattr(_state, "REVOKES_MAX", 50000)
+REVOKE_EXPIRES: float = getattr(_state, "REVOKE_EXPIRES", 10800)
+
+
+def worker_revoked() -> Any:
+    """The worker's revoked ids (a ``celery.utils.collections.LimitedSet``)."""
+    return _state.revoked
+
+
+def worker_revoked_stamps() -> dict[str, Any]:
+    """The worker's revoked stamps ``{header: value or [values]}``."""
+    stamps: dict[str, Any] = _state.revoked_stamps
+    return stamps
+
+
+def reserved_requests() -> Any:
+    """The set of requests reserved for the pool."""
+    return _state.reserved_requests
+
+
+def request_pending(request: RequestLike) -> bool:
+    """*request* is reserved or running in this worker (Celery has not marked it ready).
+
+    By identity, in the reserved set: a second delivery of the same task id is another
+    request, and its bookkeeping says nothing of this one.
+    """
+    return request in _state.reserved_requests
+
+
+def task_reserved(request: RequestLike) -> None:
+    """Reserve *request* as Celery's strategy does before handing it to the pool."""
+    _state.task_reserved(request)
+
+
+def track_held(request: RequestLike, entry: TimerEntry) -> None:
+    """Register a request held in the timer as Celery registers an ETA task.
+
+    Celery 5.7 lists it among the scheduled requests, and its ``on_close()`` cancels
+    the request's timer entry; older releases track ETA tasks nowhere, and neither
+    does this (the policies step cancels its own entries when the connection goes).
+    """
+    scheduled = getattr(_state, "task_scheduled", None)
+    if scheduled is None:
+        return
+    if "_eta_timer_entry" in dir(type(request)):
+        request._eta_timer_entry = entry  # type: ignore[attr-defined]
+    scheduled(request)
+
+
+def revoked_or_cancelled(request: Any) -> bool:
+    """Whether Celery already revoked (terminated) or cancelled *request* itself."""
+    return bool(getattr(request, "_already_revoked", False)) or bool(
+        getattr(request, "_already_cancelled", False)
+    )
+
+
+def forget_held(request: RequestLike) -> None:
+    """Drop a held request from the worker's state (its message goes back to the broker)."""
+    scheduled = getattr(_state, "scheduled_requests", None)
+    if scheduled is not None:
+        scheduled.discard(request)
+    _state.requests.pop(request.id, None)
+
+
+# -- the prefetch window -----------------------------------------------------------------------
+
+
+def widen_prefetch(consumer: ConsumerLike) -> None:
+    """One more unacked message allowed (a task waits without a pool slot)."""
+    consumer.qos.increment_eventually()
+
+
+def narrow_prefetch(consumer: ConsumerLike) -> None:
+    """Undo :func:`widen_prefetch`."""
+    consumer.qos.decrement_eventually()
+
+
+# -- collections, proxies, apps ----------------------------------------------------------------
+
+
+def limited_set_items(limited: Any) -> list[Any]:
+    """The items of a ``LimitedSet``, oldest first (its dict, else its own sorted iteration)."""
+    data = getattr(limited, "_data", None)
+    return list(data) if isinstance(data, Mapping) else list(limited)
+
+
+def promise_proxy_parts(proxy: Any) -> tuple[tuple[Any, ...], Mapping[str, Any]]:
+    """``(args, kwargs)`` a pending ``@app.task`` proxy will build its task from."""
+    args = object.__getattribute__(proxy, "_Proxy__args")
+    kwargs = object.__getattribute__(proxy, "_Proxy__kwargs")
+    return tuple(args), dict(kwargs)
+
+
+def shared_task_parts(proxy: Any) -> tuple[Callable[..., Any] | None, str | None]:
+    """``(function, name)`` behind a ``@shared_task`` proxy (``None`` where not found)."""
+    local = object.__getattribute__(proxy, "_Proxy__local")
+    code = getattr(local, "__code__", None)
+    cells = getattr(local, "__closure__", None) or ()
+    if code is None:
+        return None, None
+    scope = {n: c.cell_contents for n, c in zip(code.co_freevars, cells, strict=False)}
+    fun, name = scope.get("fun"), scope.get("name")
+    return (fun if callable(fun) else None), (name if isinstance(name, str) else None)
+
+
+class DroppingEventReceiver(EventReceiver):
+    """An ``EventReceiver`` whose messages go to :meth:`receive_events` (its ``_receive``)."""
+
+    def receive_events(self, body: Any, message: Any) -> None:
+        raise NotImplementedError
+
+    def _receive(self, body: Any, message: Any, *args: Any, **kwargs: Any) -> None:
+        self.receive_events(body, message)
+
+
+# -- the pool, kombu connections ---------------------------------------------------------------
+
+
+def pool_poll_start(pool: Any) -> Callable[[], None] | None:
+    """The prefork pool's writer tick (``on_poll_start``), or ``None`` for other pools."""
+    tick = getattr(getattr(pool, "_pool", None), "on_poll_start", None)
+    return tick if callable(tick) else None
+
+
+def transport_channels(transport: Any) -> list[Any]:
+    """The open channels of a virtual kombu transport (Redis...)."""
+    channels: list[Any] = getattr(transport, "channels", None) or []
+    return channels
+
+
+def replace_connection_close(
+    connection: Any, wrap: Callable[[Callable[..., None]], Callable[..., None]]
+) -> None:
+    """Route ``collect``, ``release`` and ``close`` of a kombu Connection through *wrap*."""
+    connection.collect = wrap(connection.collect)
+    connection.release = connection.close = wrap(connection.release)
+
+
+def drop_acks(channel: Any, dropped: Callable[..., None]) -> None:
+    """Make ``basic_ack``/``basic_reject`` of a kombu channel call *dropped* instead."""
+    channel.basic_ack = channel.basic_reject = dropped

@@ -1,0 +1,24 @@
+"""The delay store: waits longer than the prefetch window, parked outside the workers."""
+
+from __future__ import annotations
+
+from .core import Claim, Claimed, DelayStore, MemoryDelayStore, Mover, Take, Taken
+from .entry import CLAIM_HEADER, PARKED_HEADER, Entry, due_queue_name, entry_id
+from .redis_store import RedisDelayStore, delay_keys
+
+__all__ = [
+    "CLAIM_HEADER",
+    "PARKED_HEADER",
+    "Claim",
+    "Claimed",
+    "DelayStore",
+    "Entry",
+    "MemoryDelayStore",
+    "Mover",
+    "RedisDelayStore",
+    "Take",
+    "Taken",
+    "delay_keys",
+    "due_queue_name",
+    "entry_id",
+]

@@ -1,0 +1,171 @@
+"""The delay store as ``install(app)`` wires it: settings, the due queues, mover, gate."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+from celery.worker.consumer.tasks import Tasks
+
+from ..capability import Capability
+from ..settings import Setting, boolean, integer, number, settings_of
+from ..store import store_url
+from .entry import DUE_SUFFIX
+from .gate import DELAY_ATTR, ArrivalGate, MoverThread
+from .parking import STORE_ERRORS, Parker, due_queue
+
+__all__ = ["DELAY", "DelayGateStep", "DelayWorkerStep"]
+
+logger = logging.getLogger(__name__)
+
+
+class DelayWorkerStep(bootsteps.StartStopStep):
+    """Worker step: consume the due queue of each queue, and run this worker's mover."""
+
+    label = "extras-delay"
+
+    def __init__(self, w: Any, **kwargs: Any) -> None:
+        super().__init__(w, **kwargs)
+        app = w.app
+        self.enabled = store_url(app) is not None
+        self.thread: MoverThread | None = None
+        if not self.enabled:
+            return
+        settings = settings_of(app)
+        self.parker = Parker(app, settings["delay_tombstone_ttl"])
+        queues = app.amqp.queues
+        for name in list(queues.consume_from or ()):
+            if not name.endswith(DUE_SUFFIX):
+                queues.select_add(due_queue(name))
+        self.thread = MoverThread(app, self.parker, settings)
+
+    def start(self, w: Any) -> None:
+        if self.thread is not None:
+            self.thread.start()
+
+    def stop(self, w: Any) -> None:
+        if self.thread is not None:
+            self.thread.stop()
+
+    shutdown = stop
+
+    def info(self, w: Any) -> dict[str, Any]:
+        if self.thread is None:
+            return {}
+        out: dict[str, Any] = self.thread.info()
+        try:
+            out["depth"] = out["parked"] = self.parker.store.depth()  # the whole store's
+            out["store"] = "ok"
+        except STORE_ERRORS as exc:
+            out["depth"], out["store"] = None, f"down: {exc!r}"[:200]
+        return {"extras_delay": out}
+
+
+class DelayGateStep(bootsteps.StartStopStep):
+    """Consumer step: every task strategy passes through the :class:`ArrivalGate`."""
+
+    label = "extras-delay-gate"
+    requires = (Tasks,)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        app = c.app
+        self.gate: ArrivalGate | None = None
+        if store_url(app) is None:
+            return
+        settings = settings_of(app)
+        self.gate = ArrivalGate(
+            app,
+            Parker(app, settings["delay_tombstone_ttl"]),
+            eta_store=settings["eta_store"],
+            eta_threshold=settings["eta_threshold"],
+            store_retry=settings["limit_store_retry"],
+        )
+        setattr(c, DELAY_ATTR, self.gate)
+
+    def start(self, c: Any) -> None:
+        if self.gate is None:
+            return
+        for name, strategy in list(c.strategies.items()):
+            c.strategies[name] = self.gate.wrap(c, name, strategy)
+
+    def stop(self, c: Any) -> None:
+        if self.gate is not None:
+            self.gate.stop()
+
+    shutdown = stop
+
+    def info(self, c: Any) -> dict[str, Any]:
+        return {"extras_delay_gate": self.gate.info()} if self.gate is not None else {}
+
+
+DELAY = Capability(
+    name="delay",
+    settings=(
+        Setting(
+            "delay_lead",
+            1.0,
+            number(minimum=0),
+            "float",
+            "Seconds before its due time a mover publishes a parked task (to the due "
+            "queue of its queue), so that it reaches a worker on time.",
+        ),
+        Setting(
+            "delay_lease",
+            10.0,
+            number(above=0),
+            "float",
+            "Seconds a mover holds a claimed entry; an entry whose mover died is claimed "
+            "again by another mover after that.",
+        ),
+        Setting(
+            "delay_recheck",
+            600.0,
+            number(above=0),
+            "float",
+            "Seconds after publishing an entry that the mover publishes it again if no "
+            "worker has taken it yet (the broker lost the message); copies run once.",
+        ),
+        Setting(
+            "delay_poll",
+            0.25,
+            number(above=0),
+            "float",
+            "Longest sleep of a mover between two looks at the store.",
+        ),
+        Setting(
+            "delay_batch",
+            100,
+            integer(minimum=1, maximum=10_000),
+            "int",
+            "Most entries a mover claims at once.",
+        ),
+        Setting(
+            "delay_tombstone_ttl",
+            86400.0,
+            number(above=0),
+            "float",
+            "Seconds the store remembers a taken entry, so that a second copy of its "
+            "message (or a redelivery of the parked original) is recognised and dropped.",
+        ),
+        Setting(
+            "eta_store",
+            False,
+            boolean,
+            "bool",
+            "Park every task that arrives with an ETA or countdown further away than "
+            "``extras_eta_threshold`` in the delay store instead of keeping it in the "
+            "worker's memory, unacked (where Redis' visibility timeout delivers it again).",
+        ),
+        Setting(
+            "eta_threshold",
+            30.0,
+            number(minimum=0),
+            "float",
+            "Seconds of ETA beyond which ``extras_eta_store`` parks a task.",
+        ),
+    ),
+    worker_steps=(DelayWorkerStep,),
+    consumer_steps=(DelayGateStep,),
+)

@@ -1,0 +1,131 @@
+"""A parked message as the delay store keeps it: the whole message, as JSON.
+
+An :class:`Entry` holds what is needed to publish a message again exactly as it
+was: body, headers, the properties that belong to the message (not to the
+transport), content type and encoding, exchange and routing key, and the queue
+it was consumed from. It is stored as JSON (no other serializer): a body that is not
+UTF-8 text is kept in base64. No Celery import.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CLAIM_HEADER",
+    "DUE_SUFFIX",
+    "MESSAGE_PROPERTIES",
+    "PARKED_HEADER",
+    "Entry",
+    "due_queue_name",
+    "entry_id",
+]
+
+#: Header of a message a mover published: the id of its entry in the store.
+PARKED_HEADER = "extras_parked"
+#: Header of a message a mover published: the claim token it was published under.
+CLAIM_HEADER = "extras_claim"
+#: Suffix of the due queue of a queue (``<queue>.extras-due``).
+DUE_SUFFIX = ".extras-due"
+#: Message properties kept with an entry (the transport's own, such as delivery tags, are not).
+MESSAGE_PROPERTIES = ("correlation_id", "reply_to", "priority", "delivery_mode", "expiration")
+
+
+def due_queue_name(queue: str) -> str:
+    """The due queue of *queue*: released messages go there, consumed before the backlog."""
+    return queue + DUE_SUFFIX
+
+
+def entry_id(task_id: str, retries: int, kind: str, source: str = "") -> str:
+    """The id of the entry parking one delivery of a task.
+
+    It is derived from the message, not random, so the same message parked twice
+    (its worker died after parking it and before acking it, and the broker
+    delivered it again) lands on the same entry and runs once. *source* is the
+    entry the message itself came from, if any, so a released message parked
+    again gets an entry of its own.
+    """
+    raw = json.dumps([task_id, retries, kind, source]).encode()
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+@dataclass
+class Entry:
+    """One parked message; :meth:`dumps` and :meth:`loads` are its JSON form."""
+
+    task: str
+    task_id: str
+    kind: str  # why it was parked: "limit" (a booked slot), "retry" or "eta"
+    body: bytes
+    content_type: str
+    content_encoding: str
+    headers: dict[str, Any] = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict)
+    exchange: str = ""
+    routing_key: str = ""
+    queue: str | None = None
+
+    def dumps(self) -> str:
+        try:
+            body: str = self.body.decode("utf-8")
+            encoding = "utf-8"
+        except UnicodeDecodeError:
+            body, encoding = base64.b64encode(self.body).decode("ascii"), "base64"
+        return json.dumps(
+            {
+                "v": 1,
+                "task": self.task,
+                "id": self.task_id,
+                "kind": self.kind,
+                "body": body,
+                "body_encoding": encoding,
+                "content_type": self.content_type,
+                "content_encoding": self.content_encoding,
+                "headers": self.headers,
+                "properties": self.properties,
+                "exchange": self.exchange,
+                "routing_key": self.routing_key,
+                "queue": self.queue,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def loads(cls, raw: str) -> Entry:
+        """Parse a stored entry; :class:`ValueError` naming what is wrong."""
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or data.get("v") != 1:
+                raise ValueError("not a version 1 entry")
+            body = data["body"]
+            if data["body_encoding"] == "base64":
+                payload = base64.b64decode(body)
+            else:
+                payload = str(body).encode("utf-8")
+            headers, properties = data["headers"], data["properties"]
+            if not isinstance(headers, dict) or not isinstance(properties, dict):
+                raise ValueError("headers and properties must be objects")
+            queue = data.get("queue")
+            return cls(
+                task=str(data["task"]),
+                task_id=str(data["id"]),
+                kind=str(data["kind"]),
+                body=payload,
+                content_type=str(data["content_type"]),
+                content_encoding=str(data["content_encoding"]),
+                headers=headers,
+                properties={k: v for k, v in properties.items() if k in MESSAGE_PROPERTIES},
+                exchange=str(data.get("exchange") or ""),
+                routing_key=str(data.get("routing_key") or ""),
+                queue=str(queue) if queue else None,
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"stored delay entry is not valid: {exc!r}") from None
+
+    def meta(self) -> dict[str, Any]:
+        """The small part the store's scripts read: task id and name, kind."""
+        return {"t": self.task_id, "n": self.task, "k": self.kind}

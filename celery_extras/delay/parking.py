@@ -1,0 +1,179 @@
+"""Parking a message: build its :class:`~.entry.Entry`, store it, tell the stats.
+
+Used by the worker's main process (limited tasks, ETA tasks) and by pool
+processes (retries). The store's failures are logged once per outage per
+process; the caller keeps the message when parking fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import redis
+from celery import Celery
+from kombu.entity import Exchange, Queue
+
+from ..signals import task_parked
+from ..store import StoreUnavailable, redis_client, store_key
+from .core import DelayStore
+from .entry import (
+    CLAIM_HEADER,
+    DUE_SUFFIX,
+    MESSAGE_PROPERTIES,
+    PARKED_HEADER,
+    Entry,
+    due_queue_name,
+    entry_id,
+)
+from .redis_store import RedisDelayStore
+
+__all__ = ["STORE_ERRORS", "Parker", "delayed", "due_queue", "origin_queue"]
+
+logger = logging.getLogger(__name__)
+
+STORE_ERRORS = (redis.RedisError, StoreUnavailable, OSError)
+
+
+def due_queue(queue: str) -> Queue:
+    """The due queue of *queue*, with a direct exchange of its own (works on every broker)."""
+    name = due_queue_name(queue)
+    return Queue(name, Exchange(name, type="direct", durable=True), routing_key=name,
+                 durable=True)  # fmt: skip
+
+
+def origin_queue(queues: Iterable[Queue], exchange: str, routing_key: str) -> str | None:
+    """The queue among *queues* a message routed by (*exchange*, *routing_key*) came from.
+
+    A message from a due queue belongs to the queue the due queue serves.
+    """
+    for queue in queues:
+        name = queue.name
+        ex = queue.exchange.name if queue.exchange is not None else ""
+        if (ex == exchange and queue.routing_key == routing_key) or (
+            not exchange and name == routing_key
+        ):
+            return name[: -len(DUE_SUFFIX)] if name.endswith(DUE_SUFFIX) else name
+    return None
+
+
+class Parker:
+    """Parks messages of *app* in its delay store; one per process."""
+
+    def __init__(self, app: Celery, tombstone_ttl: float = 86400.0) -> None:
+        self.app = app
+        self.tombstone_ttl = tombstone_ttl
+        self._store: DelayStore | None = None
+        self.down = False
+        self.counts = {"parked": 0, "park_errors": 0}
+
+    @property
+    def store(self) -> DelayStore:
+        if self._store is None:
+            self._store = RedisDelayStore(redis_client(self.app), store_key(self.app),
+                                          self.tombstone_ttl)  # fmt: skip
+        return self._store
+
+    def store_failed(self, what: str, exc: BaseException) -> None:
+        """Log a store failure once per outage (per process)."""
+        if not self.down:
+            self.down = True
+            logger.error(
+                "celery-extras: the delay store cannot be reached (%r) while %s; waiting "
+                "tasks are held or kept unacked until it answers (logged once per outage)",
+                exc, what,
+            )  # fmt: skip
+
+    def store_answered(self) -> None:
+        if self.down:
+            self.down = False
+            logger.warning("celery-extras: the delay store answers again")
+
+    def entry(
+        self,
+        *,
+        task: str,
+        kind: str,
+        body: bytes | str,
+        headers: Mapping[str, Any],
+        properties: Mapping[str, Any],
+        content_type: str,
+        content_encoding: str,
+        exchange: str,
+        routing_key: str,
+    ) -> tuple[str, Entry]:
+        """``(entry id, entry)`` for one message (the headers a mover adds are dropped)."""
+        kept = {k: v for k, v in headers.items() if k not in (PARKED_HEADER, CLAIM_HEADER)}
+        task_id = str(headers.get("id"))
+        retries = headers.get("retries")
+        source = headers.get(PARKED_HEADER)
+        queues = self.app.amqp.queues.consume_from or self.app.amqp.queues
+        queue_list = list(queues.values()) if isinstance(queues, Mapping) else []
+        payload = body.encode(content_encoding or "utf-8") if isinstance(body, str) else body
+        entry = Entry(
+            task=task,
+            task_id=task_id,
+            kind=kind,
+            body=payload,
+            content_type=content_type,
+            content_encoding=content_encoding,
+            headers=kept,
+            properties={
+                k: v for k, v in properties.items() if k in MESSAGE_PROPERTIES and v is not None
+            },
+            exchange=exchange or "",
+            routing_key=routing_key or "",
+            queue=origin_queue(queue_list, exchange or "", routing_key or ""),
+        )
+        number = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
+        return entry_id(task_id, number, kind, str(source or "")), entry
+
+    def entry_of_message(self, message: Any, task: str, kind: str) -> tuple[str, Entry]:
+        info = message.delivery_info or {}
+        return self.entry(
+            task=task,
+            kind=kind,
+            body=message.body,
+            headers=message.headers or {},
+            properties=message.properties or {},
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            exchange=info.get("exchange") or "",
+            routing_key=info.get("routing_key") or "",
+        )
+
+    def park(self, eid: str, entry: Entry, delay: float, request: Any = None) -> bool:
+        """Store *entry* due in *delay* s; ``True`` when it is stored (now or already before).
+
+        ``False`` (logged once per outage) when the store cannot take it: the caller
+        keeps the message.
+        """
+        start = time.monotonic()
+        try:
+            new = self.store.park(eid, entry, delay)
+        except STORE_ERRORS as exc:
+            self.counts["park_errors"] += 1
+            self.store_failed(f"parking {entry.task}[{entry.task_id}]", exc)
+            return False
+        self.store_answered()
+        if new:
+            self.counts["parked"] += 1
+            due = max(0.0, delay - (time.monotonic() - start))
+            task_parked.send(sender=entry.task, request=request, due=due)
+        return True
+
+
+def delayed(app: Celery) -> dict[str, Any]:
+    """What the delay store holds: ``{"depth", "tasks": {name: {"parked", "next_due_in"}}}``."""
+    parker = Parker(app)
+    store = parker.store
+    summary = store.summary()
+    return {
+        "depth": store.depth(),
+        "tasks": {
+            name: {"parked": s.parked, "next_due_in": s.next_in}
+            for name, s in sorted(summary.items())
+        },
+    }

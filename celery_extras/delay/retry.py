@@ -1,0 +1,58 @@
+"""Parking a retry: Celery's own ``task.retry`` with a producer that parks, not publishes.
+
+The retry message is built by Celery as usual (same id, ``retries + 1``, its ETA,
+links, headers); :class:`ParkingProducer` receives the ``publish`` call, turns it
+into an :class:`~.entry.Entry` and parks it until its ETA. When the store cannot
+take it, the retry is published as Celery would (with its ETA), so it is never
+lost. Runs in the pool process that ran the task.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from kombu.serialization import dumps
+
+from .parking import Parker
+
+__all__ = ["ParkingProducer"]
+
+logger = logging.getLogger(__name__)
+
+
+class ParkingProducer:
+    """Stands in for *producer* in ``send_task``: ``publish`` parks the message for *delay* s."""
+
+    def __init__(self, producer: Any, parker: Parker, task: str, delay: float) -> None:
+        self._producer = producer
+        self._parker = parker
+        self._task = task
+        self._delay = delay
+        self._start = time.monotonic()
+        self.parked = False
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._producer, attr)
+
+    def publish(self, body: Any, **kwargs: Any) -> Any:
+        if kwargs.get("compression"):
+            return self._producer.publish(body, **kwargs)
+        content_type, content_encoding, data = dumps(body, serializer=kwargs.get("serializer"))
+        eid, entry = self._parker.entry(
+            task=self._task,
+            kind="retry",
+            body=data,
+            headers=kwargs.get("headers") or {},
+            properties=kwargs,
+            content_type=content_type,
+            content_encoding=content_encoding,
+            exchange=str(kwargs.get("exchange") or ""),
+            routing_key=str(kwargs.get("routing_key") or ""),
+        )
+        delay = max(0.0, self._delay - (time.monotonic() - self._start))
+        if self._parker.park(eid, entry, delay):
+            self.parked = True
+            return None
+        return self._producer.publish(body, **kwargs)  # the store is away: Celery's ETA

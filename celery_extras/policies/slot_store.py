@@ -1,0 +1,318 @@
+"""Global concurrency slots on Redis: leased holders, worker tickets, release notices.
+
+Each bucket (a task and key) has three keys under one hash tag, so every script
+runs on one Redis Cluster slot and buckets spread over the masters:
+
+* ``holders``: a sorted set of holder ids scored by their lease's end, in
+  milliseconds of the *Redis server's* clock (``TIME``), so workers' clocks do
+  not matter. A holder past its lease is dropped by the next script that reads
+  the bucket: the slot of a dead or partitioned worker comes back by itself.
+* ``queue``: the workers waiting for a slot, one ticket each, oldest first. A
+  free slot goes to the first tickets (a worker is served once, then goes to the
+  back if it still waits), so no worker starves however fast the others are. A
+  worker releasing a slot may hand it straight to its own next waiter (no round
+  trip through the other workers) unless the first ticket has waited longer than
+  a patience (:data:`HANDOVER_PATIENCE`), which bounds how long any worker waits
+  beyond strict order.
+  Tickets are scored by arrival (strictly increasing), not by name.
+* ``tickets``: each ticket's lease (a dead waiter's ticket goes away).
+
+Every key has a TTL and is deleted once the bucket is empty, so idle per-key
+buckets cost nothing. A release publishes the bucket on one channel; workers
+with waiters on that bucket try again at once (no polling). The cap is handed
+to the scripts (run-time caps sit in one hash, ``<prefix>:concurrency``, read
+at most every :data:`CAP_REFRESH` seconds). No Celery import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from ..checks import is_int
+from .spec import MAX_CONCURRENCY
+from .stored_table import StoredTable
+
+__all__ = [
+    "ACQUIRE_SCRIPT",
+    "CAP_REFRESH",
+    "HANDOVER_PATIENCE",
+    "RELEASE_SCRIPT",
+    "RENEW_SCRIPT",
+    "SlotStore",
+]
+
+#: Seconds the first ticket of a queue may wait while a releasing worker hands its slot to
+#: its own next waiter; after that, a free slot goes in queue order.
+HANDOVER_PATIENCE = 1.0
+#: Seconds the store trusts the run-time caps it read.
+CAP_REFRESH = 1.0
+
+#: Every script starts with the Redis server's time in ms (workers' clocks do not matter).
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+#: KEYS: holders, queue, tickets. Drops the holders past their lease and the dead tickets.
+_PRUNE = (
+    _NOW
+    + """redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+for _, w in ipairs(dead) do
+  redis.call('ZREM', KEYS[2], w)
+  redis.call('ZREM', KEYS[3], w)
+end
+"""
+)
+
+#: KEYS: holders, queue, tickets. ARGV: cap, holder, lease ms, worker, more (1: this worker
+#: has more waiting after this one), ticket lease ms. Returns {taken 0/1, holders, retry ms}.
+ACQUIRE_SCRIPT = (
+    _PRUNE
+    + """local cap, holder, lease = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local worker, more, tlease = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local held = redis.call('ZCARD', KEYS[1])
+local function last(key)
+  local tail = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if tail[2] and tonumber(tail[2]) >= now then return tonumber(tail[2]) + 1 end
+  return now
+end
+local function keep(key, ms)
+  local ttl = redis.call('PTTL', key)
+  if ttl < ms then redis.call('PEXPIRE', key, ms) end
+end
+if redis.call('ZSCORE', KEYS[1], holder) then
+  return {1, held, 0}
+end
+local rank = redis.call('ZRANK', KEYS[2], worker)
+local ahead = rank or redis.call('ZCARD', KEYS[2])
+if held < cap and ahead < cap - held then
+  redis.call('ZADD', KEYS[1], now + lease, holder)
+  keep(KEYS[1], lease + 1000)
+  redis.call('ZREM', KEYS[2], worker)
+  redis.call('ZREM', KEYS[3], worker)
+  if more == '1' then
+    redis.call('ZADD', KEYS[2], last(KEYS[2]), worker)
+    redis.call('ZADD', KEYS[3], now + tlease, worker)
+    keep(KEYS[2], tlease + 1000)
+    keep(KEYS[3], tlease + 1000)
+  end
+  return {1, held + 1, 0}
+end
+if not rank then redis.call('ZADD', KEYS[2], last(KEYS[2]), worker) end
+redis.call('ZADD', KEYS[3], now + tlease, worker)
+keep(KEYS[2], tlease + 1000)
+keep(KEYS[3], tlease + 1000)
+local retry = lease
+if held >= cap then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if first[2] then retry = tonumber(first[2]) - now end
+else
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if first[2] then retry = tonumber(first[2]) - now end
+end
+if retry < 1 then retry = 1 end
+return {0, held, retry}
+"""
+)
+
+#: KEYS: holders, queue, tickets. ARGV: holder, channel, notice, then for a hand-over to the
+#: releasing worker's next waiter: its holder id ('' for none), lease ms, patience ms, worker,
+#: cap, more (1: still more waiting), ticket lease ms. The slot goes straight to that waiter
+#: when the worker is first in the queue or the first ticket has waited less than the
+#: patience (so a worker at the head of the queue waits at most that much longer than in
+#: strict order). Returns {1 if it held a slot, 1 if handed over}.
+RELEASE_SCRIPT = (
+    _PRUNE
+    + """local found = redis.call('ZREM', KEYS[1], ARGV[1])
+local nxt = ARGV[4] or ''
+if nxt ~= '' and redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[8]) then
+  local lease, patience, worker = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if not head[1] or head[1] == worker or now - tonumber(head[2]) < patience then
+    redis.call('ZADD', KEYS[1], now + lease, nxt)
+    if redis.call('PTTL', KEYS[1]) < lease + 1000 then
+      redis.call('PEXPIRE', KEYS[1], lease + 1000)
+    end
+    local tlease = tonumber(ARGV[10])
+    if head[1] == worker or ARGV[9] ~= '1' then
+      redis.call('ZREM', KEYS[2], worker)
+      redis.call('ZREM', KEYS[3], worker)
+    end
+    if ARGV[9] == '1' and not redis.call('ZSCORE', KEYS[2], worker) then
+      local tail = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+      local score = now
+      if tail[2] and tonumber(tail[2]) >= now then score = tonumber(tail[2]) + 1 end
+      redis.call('ZADD', KEYS[2], score, worker)
+      redis.call('ZADD', KEYS[3], now + tlease, worker)
+      redis.call('PEXPIRE', KEYS[2], tlease + 1000)
+      redis.call('PEXPIRE', KEYS[3], tlease + 1000)
+    end
+    return {found, 1}
+  end
+end
+if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+else
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return {found, 0}
+"""
+)
+
+#: KEYS: holders. ARGV: lease ms, holder ids... Returns the ids whose lease had run out.
+RENEW_SCRIPT = (
+    _NOW
+    + """local lease = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local lost = {}
+for i = 2, #ARGV do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i])
+  else
+    table.insert(lost, ARGV[i])
+  end
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl >= 0 and ttl < lease + 1000 then redis.call('PEXPIRE', KEYS[1], lease + 1000) end
+return lost
+"""
+)
+
+#: KEYS: queue, tickets. ARGV: ticket lease ms, worker, leave (1: drop the ticket).
+TICKET_SCRIPT = (
+    _NOW
+    + """if ARGV[3] == '1' then
+  redis.call('ZREM', KEYS[1], ARGV[2])
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  return 0
+end
+if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) + 1000)
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[1]) + 1000)
+  return 1
+end
+return 0
+"""
+)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _parse_cap(name: str, raw: Any) -> int | None:
+    try:
+        n = int(raw)
+    except (TypeError, ValueError):
+        return None
+    return n if is_int(n, minimum=1, maximum=MAX_CONCURRENCY) else None
+
+
+class SlotStore:
+    """Cluster-wide concurrency slots under *prefix* in *client*'s Redis (or Redis Cluster)."""
+
+    def __init__(
+        self, client: Any, prefix: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.clock = clock
+        self.caps_key = f"{prefix}:concurrency"
+        self.channel = f"{prefix}:concurrency:released"
+        self._acquire = client.register_script(ACQUIRE_SCRIPT)
+        self._release = client.register_script(RELEASE_SCRIPT)
+        self._renew = client.register_script(RENEW_SCRIPT)
+        self._ticket = client.register_script(TICKET_SCRIPT)
+        self._caps = StoredTable(client, self.caps_key, _parse_cap, CAP_REFRESH, clock)
+
+    def keys(self, name: str, key: str = "") -> list[str]:
+        """The bucket's keys: one hash tag (a digest of task and key) for all three."""
+        digest = hashlib.sha1(f"{name}\0{key}".encode(), usedforsecurity=False).hexdigest()[:20]
+        base = f"{self.prefix}:conc:{{{digest}}}"
+        return [f"{base}:holders", f"{base}:queue", f"{base}:tickets"]
+
+    @staticmethod
+    def notice(name: str, key: str) -> str:
+        return json.dumps([name, key])
+
+    @staticmethod
+    def parse_notice(raw: Any) -> tuple[str, str] | None:
+        try:
+            name, key = json.loads(raw)
+        except (TypeError, ValueError):
+            return None
+        if isinstance(name, str) and isinstance(key, str):
+            return name, key
+        return None
+
+    def acquire(
+        self, name: str, key: str, holder: str, cap: int, lease: float, worker: str,
+        more: bool, ticket_lease: float,
+    ) -> float:  # fmt: skip
+        """Take a slot: ``0.0`` when taken, else seconds after which to ask again at the
+        latest (a release notice usually comes first)."""
+        reply = cast(
+            "list[Any]",
+            self._acquire(
+                keys=self.keys(name, key),
+                args=[cap, holder, _ms(lease), worker, "1" if more else "0", _ms(ticket_lease)],
+            ),
+        )
+        return 0.0 if int(reply[0]) else int(reply[2]) / 1000
+
+    def release(self, name: str, key: str, holder: str) -> bool:
+        """Free *holder*'s slot and tell the waiting workers; ``False`` if it held none."""
+        found, _ = self._release(
+            keys=self.keys(name, key), args=[holder, self.channel, self.notice(name, key)]
+        )
+        return bool(found)
+
+    def hand_over(
+        self, name: str, key: str, holder: str, next_holder: str, cap: int, lease: float,
+        worker: str, more: bool, patience: float, ticket_lease: float,
+    ) -> bool:  # fmt: skip
+        """Free *holder*'s slot and give it to *next_holder* of the same worker if the
+        queue allows (see :data:`RELEASE_SCRIPT`); ``True`` when handed over, else the slot
+        is free and the waiting workers are told."""
+        _, handed = self._release(
+            keys=self.keys(name, key),
+            args=[holder, self.channel, self.notice(name, key), next_holder, _ms(lease),
+                  _ms(patience), worker, cap, "1" if more else "0", _ms(ticket_lease)],
+        )  # fmt: skip
+        return bool(handed)
+
+    def renew(self, name: str, key: str, holders: list[str], lease: float) -> list[str]:
+        """Extend the leases of *holders*; returns those whose lease had already run out."""
+        lost = self._renew(keys=self.keys(name, key)[:1], args=[_ms(lease), *holders])
+        return [h.decode() if isinstance(h, bytes) else str(h) for h in lost]
+
+    def touch_ticket(self, name: str, key: str, worker: str, lease: float) -> None:
+        """Keep *worker*'s ticket of the bucket alive (it still waits)."""
+        self._ticket(keys=self.keys(name, key)[1:], args=[_ms(lease), worker, "0"])
+
+    def leave(self, name: str, key: str, worker: str) -> None:
+        """Drop *worker*'s ticket (it waits for nothing in the bucket any more)."""
+        self._ticket(keys=self.keys(name, key)[1:], args=[1, worker, "1"])
+
+    def holding(self, name: str, key: str = "") -> int:
+        """Live holders of the bucket (for tests and ``extras concurrency --show``)."""
+        holders = self.keys(name, key)[0]
+        now_s, now_us = self.client.time()
+        return int(self.client.zcount(holders, f"({now_s * 1000 + now_us // 1000}", "+inf"))
+
+    # -- run-time caps ---------------------------------------------------------------------
+
+    def caps(self) -> dict[str, int]:
+        """The run-time caps in the store, read again once :data:`CAP_REFRESH` passed;
+        entries that are not a count in bounds are skipped."""
+        return self._caps.values()
+
+    def set_cap(self, name: str, n: int | None) -> None:
+        """Store (or with ``None`` remove) the run-time cap of task *name*."""
+        self._caps.set(name, None if n is None else str(n))

@@ -1,0 +1,220 @@
+"""The delay store on real workers: parked limited tasks, ETA tasks and long retries run
+once, on time, whatever the broker's visibility timeout; forged headers book nothing.
+
+On Redis and on RabbitMQ (the store then is the result backend's Redis).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.integration.conftest import Cluster, also_on_redis_cluster
+from tests.support.journal import Journal
+from tests.support.workers import wait_for
+
+INCLUDE = ("tests.support.tasks_delay",)
+
+
+def starts(journal: Journal, task: str) -> list[float]:
+    return sorted(e["t"] for e in journal.entries() if e["task"] == task)
+
+
+def busiest_second(times: Sequence[float]) -> int:
+    return max(sum(1 for s in times if t <= s < t + 1.0) for t in times)
+
+
+#: Starts are journalled by the pool processes, so a second's count also carries the pool's
+#: dispatch jitter: on the shared 2-core test machine (load about 4) two tasks booked 25 ms
+#: apart often start within 2 ms of each other. There, 1,200 tasks at 40/s held in the worker
+#: (no delay store: ``extras_limit_max_hold`` 100) saw 51 starts in their busiest second,
+#: and parked ones 45 to 47. The issue's bound is ``rate + burst``; the tests allow a quarter
+#: more for that jitter and print the figure.
+JITTER = 1.25
+
+
+def busiest_window(times: Sequence[float]) -> str:
+    """The busiest second's starts, relative to its first and to the run's first start."""
+    first = max(times, key=lambda t: sum(1 for s in times if t <= s < t + 1.0))
+    inside = [f"{s - first:.3f}" for s in times if first <= s < first + 1.0]
+    return f"at {first - times[0]:.1f} s: {' '.join(inside)}"
+
+
+def wait_journal(journal: Journal, count: int, timeout: float, what: str) -> None:
+    wait_for(lambda: len(journal) >= count, timeout=timeout, interval=0.2, what=what)
+
+
+def delay_stats(cluster: Cluster, hostname: str) -> dict[str, Any]:
+    """The worker's ``inspect stats`` reply (empty when it did not answer in time)."""
+    stats = cluster.app.control.inspect(destination=[hostname], timeout=5).stats() or {}
+    return dict(stats.get(hostname) or {})
+
+
+@also_on_redis_cluster("redis")
+def test_limited_tasks_beyond_the_hold_are_parked_and_run_once_at_the_rate(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE, extras_limit_max_hold=0.5)
+    for i in range(60):
+        send("tests.delay.limited10", i)
+    worker = cluster.worker("w1", concurrency=2)
+    wait_journal(journal, 60, timeout=60, what="60 limited10 runs")
+    entries = journal.entries()
+    assert Counter(e["tag"] for e in entries) == Counter(range(60))  # each exactly once
+    times = starts(journal, "tests.delay.limited10")
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    assert 9.5 <= rate <= 10.5, f"{rate:.2f}/s for 10/s"
+    assert busiest_second(times) <= (10 + 1) * JITTER
+    stats = delay_stats(cluster, worker.hostname)
+    assert stats["extras_policies"]["parked"] >= 40
+    assert stats["extras_delay_gate"]["taken"] == stats["extras_policies"]["parked"]
+    assert stats["extras_delay"]["depth"] == 0
+    assert stats["extras_delay"]["mover"]["released"] >= stats["extras_policies"]["parked"]
+
+
+def test_forged_headers_book_no_slot(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """Issue 17, item 3: 100 tasks published with ``extras_slot`` (the old hand-back header)
+    and ``eta=now``, and 100 with a made-up ``extras_parked`` entry and claim token,
+    against a 10/s limit: the limit holds."""
+    cluster.configure(include=INCLUDE, extras_limit_max_hold=0.5)
+    worker = cluster.worker("w1", concurrency=2)
+    for i in range(100):
+        send("tests.delay.limited10", i, headers={"extras_slot": "tests.delay.limited10"},
+             eta=datetime.now(UTC))  # fmt: skip
+    for i in range(100, 200):
+        send("tests.delay.limited10", i,
+             headers={"extras_parked": f"e{i}", "extras_claim": "forged"})  # fmt: skip
+    wait_journal(journal, 200, timeout=90, what="200 limited10 runs")
+    assert Counter(e["tag"] for e in journal.entries()) == Counter(range(200))
+    times = starts(journal, "tests.delay.limited10")
+    assert busiest_second(times) <= (10 + 1) * JITTER
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    assert rate <= 10.5, f"{rate:.2f}/s for 10/s"
+    gate = delay_stats(cluster, worker.hostname)["extras_delay_gate"]
+    assert gate["unverified"] == 100 and gate["duplicates"] == 0
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+#: Redis delivers a message unacked for longer than this again (restore every 5 s).
+SHORT_VISIBILITY = {"visibility_timeout": 20, "unacked_restore_interval": 5,
+                    "unacked_restore_throttle": 1}  # fmt: skip
+
+
+def test_backlog_beyond_the_visibility_timeout_runs_each_task_once_at_the_rate(
+    cluster: Cluster, journal: Journal
+) -> None:
+    """The issue's first measurement: 1 worker, 40/s global, acks_late, 3,000 queued,
+    visibility timeout 20 s. Before the delay store, 1,910 tasks ran two or more times,
+    at 59/s, with 124 starts in one second."""
+    cluster.configure(include=INCLUDE, broker_transport_options=SHORT_VISIBILITY)
+    with cluster.app.producer_or_acquire() as producer:
+        for i in range(3000):
+            cluster.app.send_task("tests.delay.limited40", args=(i,), producer=producer)
+    worker = cluster.worker("w1", concurrency=2)
+    wait_journal(journal, 3000, timeout=180, what="3,000 limited40 runs")
+    entries = journal.entries()
+    counts = Counter(e["tag"] for e in entries)
+    assert [tag for tag, n in counts.items() if n > 1] == []
+    assert sorted(counts) == list(range(3000))
+    times = starts(journal, "tests.delay.limited40")
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    print(f"backlog: {len(times)} runs, {rate:.2f}/s, busiest second {busiest_second(times)}")
+    assert 38.0 <= rate <= 42.0, f"{rate:.2f}/s for 40/s"
+    assert busiest_second(times) <= (40 + 1) * JITTER, busiest_window(times)
+    stats = delay_stats(cluster, worker.hostname)
+    assert stats["extras_delay"]["depth"] == 0
+    assert stats["extras_policies"]["parked"] > 2000
+
+
+def test_three_workers_share_the_rate_of_a_parked_backlog(
+    cluster: Cluster, journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    with cluster.app.producer_or_acquire() as producer:
+        for i in range(1000):
+            cluster.app.send_task("tests.delay.limited20", args=(i,), producer=producer)
+    for name in ("w1", "w2", "w3"):
+        cluster.worker(name, concurrency=2, start=False).start(wait=False)
+    for worker in cluster.workers:
+        worker.wait_ready()
+    wait_journal(journal, 1000, timeout=150, what="1,000 limited20 runs")
+    entries = journal.entries()
+    assert Counter(e["tag"] for e in entries) == Counter(range(1000))
+    assert len({e["worker"] for e in entries}) == 3
+    times = starts(journal, "tests.delay.limited20")
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    print(f"three workers: {rate:.2f}/s, busiest second {busiest_second(times)}")
+    assert 19.0 <= rate <= 21.0, f"{rate:.2f}/s for 20/s"
+    assert busiest_second(times) <= (20 + 1) * JITTER, busiest_window(times)
+
+
+def test_eta_store_runs_countdowns_once_on_time_with_flat_memory(
+    cluster: Cluster, journal: Journal
+) -> None:
+    """1,000 countdowns spread over 30-60 s, visibility timeout 20 s: each runs once, not
+    before its ETA and at most 1 s after it, and the worker's RSS does not grow with them."""
+    cluster.configure(include=INCLUDE, broker_transport_options=SHORT_VISIBILITY,
+                      extras_eta_store=True, extras_eta_threshold=5.0)  # fmt: skip
+    worker = cluster.worker("w1", concurrency=2)
+    wait_for(lambda: delay_stats(cluster, worker.hostname), timeout=30, what="stats")
+    rss_idle = rss_kb(worker.pid)
+    now = time.time()
+    with cluster.app.producer_or_acquire() as producer:
+        for i in range(1000):
+            due = now + 30.0 + 30.0 * i / 1000
+            cluster.app.send_task("tests.delay.eta_task", args=(i,), kwargs={"due": due},
+                                  eta=datetime.fromtimestamp(due, UTC),
+                                  producer=producer)  # fmt: skip
+    wait_for(
+        lambda: delay_stats(cluster, worker.hostname).get("extras_delay_gate", {}).get(
+            "eta_parked") == 1000,
+        timeout=60, interval=0.5, what="1,000 countdown tasks parked",
+    )  # fmt: skip
+    rss_parked = rss_kb(worker.pid)
+    wait_journal(journal, 1000, timeout=120, what="1,000 countdown runs")
+    rss_done = rss_kb(worker.pid)
+    entries = journal.entries()
+    assert Counter(e["tag"] for e in entries) == Counter(range(1000))
+    late = sorted(e["t"] - e["due"] for e in entries)
+    print(
+        f"eta store: late {late[0]:.3f}..{late[-1]:.3f} s, RSS kB idle {rss_idle} "
+        f"parked {rss_parked} done {rss_done}"
+    )
+    assert late[0] >= 0.0, f"ran {-late[0]:.3f} s before its ETA"
+    assert late[-1] <= 1.0, f"ran {late[-1]:.3f} s after its ETA"
+    assert rss_parked - rss_idle < 10_000 and rss_done - rss_idle < 10_000, (
+        rss_idle, rss_parked, rss_done)  # fmt: skip
+
+
+def test_a_retry_beyond_the_visibility_timeout_runs_once_on_time(
+    cluster: Cluster, journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE, broker_transport_options=SHORT_VISIBILITY)
+    worker = cluster.worker("w1", concurrency=2)
+    for i in range(20):
+        cluster.app.send_task("tests.delay.long_retry", args=(i,))
+    wait_journal(journal, 40, timeout=90, what="20 tasks and their retries")
+    runs: dict[int, list[dict[str, Any]]] = {}
+    for entry in journal.entries():
+        runs.setdefault(entry["tag"], []).append(entry)
+    assert sorted(runs) == list(range(20))
+    for tag, attempts in runs.items():
+        assert [a["retries"] for a in attempts] == [0, 1], (tag, attempts)
+        waited = attempts[1]["t"] - attempts[0]["t"]
+        print(f"long retry {tag}: waited {waited:.3f} s for 25 s")
+        assert 25.0 <= waited <= 26.5, (tag, waited)
+    stats = delay_stats(cluster, worker.hostname)
+    assert stats["extras_delay"]["mover"]["released"] >= 20
+    assert stats["extras_delay"]["depth"] == 0

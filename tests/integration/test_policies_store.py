@@ -1,0 +1,76 @@
+"""The global bucket's script against a real Redis, fed hostile store contents (issue 17).
+
+No worker and no broker here (the store is Redis whatever the broker), so these
+tests are not parametrized over brokers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_extras.bounds import MAX_WAIT
+from celery_extras.policies.global_bucket import GlobalBucket
+from celery_extras.policies.rate import MIN_RATE
+from tests.support.brokers import REDIS_URL
+
+
+@pytest.fixture
+def client() -> redis.Redis[str]:
+    return redis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+
+@pytest.fixture
+def bucket(client: redis.Redis[str]) -> Iterator[GlobalBucket]:
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    yield GlobalBucket(client, prefix)
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+
+
+@pytest.mark.parametrize("stored", ["1e300", "inf", "-1e300", "abc", "", "9" * 400])
+def test_a_garbage_bucket_time_reads_as_a_full_bucket(
+    bucket: GlobalBucket, client: redis.Redis[str], stored: str
+) -> None:
+    client.set(bucket.bucket_key("t"), stored)
+    waits = [bucket.reserve("t", 10.0, 2) for _ in range(3)]
+    assert waits[:2] == [0.0, 0.0] and waits[2] == pytest.approx(0.1, abs=0.01)
+    assert 0 < client.pttl(bucket.bucket_key("t")) <= 2000
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [json.dumps({"rate": 1e-300}), json.dumps({"rate": 1e308}), json.dumps({"rate": -1}),
+     json.dumps({"rate": 1000, "burst": 1e30}), json.dumps({"rate": 1000, "burst": 0.5}),
+     json.dumps({"rate": "1000"}), json.dumps([1000]), "not json", "{" * 10_000],
+)  # fmt: skip
+def test_an_override_out_of_bounds_is_ignored_and_logged_once(
+    bucket: GlobalBucket, client: redis.Redis[str], caplog: pytest.LogCaptureFixture, stored: str
+) -> None:
+    client.hset(bucket.overrides_key, "t", stored)
+    with caplog.at_level(logging.ERROR):
+        waits = [bucket.reserve("t", 10.0, 1) for _ in range(4)]
+    assert waits[0] == 0.0 and waits[3] == pytest.approx(0.3, abs=0.02)  # the task's 10/s
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 1 and "ignoring the stored run-time limit of 't'" in logged[0]
+
+
+def test_an_override_within_bounds_applies(bucket: GlobalBucket, client: redis.Redis[str]) -> None:
+    client.hset(bucket.overrides_key, "t", json.dumps({"rate": 100, "burst": 3}))
+    waits = [bucket.reserve("t", 1.0, 1) for _ in range(4)]
+    assert waits[:3] == [0.0, 0.0, 0.0] and waits[3] == pytest.approx(0.01, abs=0.002)
+
+
+def test_a_wait_beyond_the_longest_books_nothing_and_the_expiry_stays_bounded(
+    bucket: GlobalBucket, client: redis.Redis[str]
+) -> None:
+    waits = [bucket.reserve("t", MIN_RATE, 1) for _ in range(32)]
+    assert waits[30] == pytest.approx(30 * 86400.0, abs=1)
+    assert waits[31] > MAX_WAIT  # not booked: the next caller is told the same
+    assert bucket.reserve("t", MIN_RATE, 1) == pytest.approx(waits[31], abs=1)
+    assert client.pttl(bucket.bucket_key("t")) <= (MAX_WAIT + 86400 + 1) * 1000

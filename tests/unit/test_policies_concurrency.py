@@ -1,0 +1,323 @@
+"""concurrency(): bad input named, the pure slot table and wait queues on a fake clock, and the
+gate's decisions (worker scope, store down) with a fake consumer."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from celery import Celery, shared_task
+from celery.worker import state as worker_state
+
+import celery_extras
+from celery_extras import PolicyError, compat, concurrency, limit, retry_policy
+from celery_extras.policies import ExponentialBackoff
+from celery_extras.policies.concurrency import SlotGate
+from celery_extras.policies.decorators import _STRATEGY
+from celery_extras.policies.registry import policies_of
+from celery_extras.policies.slots import SlotTable, WaitQueues
+from celery_extras.policies.spec import ConcurrencySpec
+from tests.support.clock import FakeClock
+
+
+def make_app(name: str = "unit") -> Celery:
+    app = Celery(name, broker="memory://", set_as_current=False)
+    celery_extras.install(app)
+    return app
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((0,), {}, "concurrency() on task 'unit.t': n 0: expected an int from 1 to 1000000"),
+        ((-2,), {}, "concurrency() on task 'unit.t': n -2: expected an int"),
+        ((1.5,), {}, "concurrency() on task 'unit.t': n 1.5: expected an int"),
+        (("2",), {}, "concurrency() on task 'unit.t': n '2': expected an int"),
+        ((True,), {}, "concurrency() on task 'unit.t': n True: expected an int"),
+        ((2,), {"lease": 0}, "concurrency() on task 'unit.t': lease 0: expected seconds from 1"),
+        ((2,), {"lease": float("nan")}, "concurrency() on task 'unit.t': lease nan"),
+        ((2,), {"lease": "30"}, "concurrency() on task 'unit.t': lease '30'"),
+        ((2,), {"lease": 10**6}, "concurrency() on task 'unit.t': lease 1000000"),
+        ((2,), {"scope": "cluster"},
+         "concurrency() on task 'unit.t': scope 'cluster': expected 'global' or 'worker'"),
+        ((2,), {"key": "customer"},
+         "concurrency() on task 'unit.t': key 'customer': expected a callable"),
+    ],
+)  # fmt: skip
+def test_bad_concurrency_names_task_and_argument(
+    args: tuple[Any, ...], kwargs: dict[str, Any], message: str
+) -> None:
+    app = make_app()
+    with pytest.raises(PolicyError) as info:
+
+        @concurrency(*args, **kwargs)
+        @app.task(name="unit.t", shared=False)
+        def t() -> None: ...
+
+    assert str(info.value).startswith(message)
+
+
+def test_composes_with_limit_and_retry_policy_in_either_order() -> None:
+    app = make_app("unit-compose")
+
+    @concurrency(2, key=lambda a, k: a[0])
+    @limit("5/s")
+    @retry_policy(on=KeyError, policy=ExponentialBackoff(base=1, cap=2))
+    @app.task(name="unit.a")
+    def a(x: str) -> None: ...
+
+    @retry_policy(on=KeyError, policy=ExponentialBackoff(base=1, cap=2))
+    @limit("5/s")
+    @concurrency(3, scope="worker", lease=5)
+    @app.task(name="unit.b")
+    def b(x: str) -> None: ...
+
+    @concurrency(1)
+    @shared_task(name="unit.c")
+    def c() -> None: ...
+
+    app.finalize()
+    expected = (("unit.a", 2, "global"), ("unit.b", 3, "worker"), ("unit.c", 1, "global"))
+    for name, n, scope in expected:
+        task = app.tasks[name]
+        policies = policies_of(task)
+        assert policies is not None and policies.concurrency is not None
+        assert (policies.concurrency.n, policies.concurrency.scope) == (n, scope)
+        assert task.__dict__["Strategy"] == _STRATEGY
+    assert policies_of(app.tasks["unit.a"]).limit is not None  # type: ignore[union-attr]
+    assert policies_of(app.tasks["unit.b"]).retry is not None  # type: ignore[union-attr]
+
+
+def test_slot_table_caps_holders_and_reclaims_expired_leases() -> None:
+    clock = FakeClock(100.0)
+    table = SlotTable(clock)
+    b = ("t", "")
+    assert table.acquire(b, "h1", 2, 30.0) == 0.0
+    clock.now = 110.0
+    assert table.acquire(b, "h2", 2, 30.0) == 0.0
+    assert table.acquire(b, "h3", 2, 30.0) == pytest.approx(20.0)  # h1's lease ends at 130
+    assert table.acquire(b, "h1", 2, 30.0) == 0.0  # already a holder: idempotent
+    assert table.renew(b, "h2", 30.0)
+    clock.now = 131.0
+    assert table.holding(b) == 2  # h1 renewed by its idempotent acquire at 110 (until 140)
+    clock.now = 140.5  # h1 ran out; h2 renewed at 110 until 140 too
+    assert table.holding(b) == 0
+    assert not table.renew(b, "h1", 30.0)
+    assert table.buckets() == 0  # empty buckets take no memory
+    assert table.acquire(b, "h3", 2, 30.0) == 0.0
+    assert table.release(b, "h3") and not table.release(b, "h3")
+    assert table.buckets() == 0
+
+
+def test_idle_keys_cost_nothing() -> None:
+    table = SlotTable(FakeClock())
+    queues: WaitQueues[int] = WaitQueues()
+    for i in range(10_000):
+        b = ("t", str(i))
+        table.acquire(b, "h", 1, 30.0)
+        queues.push(b, i)
+        assert queues.pop(b) == i
+        table.release(b, "h")
+    assert table.buckets() == 0 and queues.buckets() == [] and len(queues) == 0
+
+
+def test_wait_queues_are_fifo_per_bucket() -> None:
+    q: WaitQueues[str] = WaitQueues()
+    for item in ("a1", "a2", "a3"):
+        q.push(("t", "a"), item)
+    q.push(("t", "b"), "b1")
+    assert q.pop(("t", "a")) == "a1"
+    q.push_front(("t", "a"), "a1")
+    assert [q.pop(("t", "a")) for _ in range(3)] == ["a1", "a2", "a3"]
+    assert q.remove(("t", "b"), "b1") and len(q) == 0 and q.pop(("t", "b")) is None
+
+
+# -- the gate, with a fake consumer --------------------------------------------------------
+
+
+class Request:
+    """What the gate reads of a Celery request; pool callbacks recorded on the consumer."""
+
+    def __init__(self, *args: Any) -> None:
+        self.id = f"r{id(self)}"
+        self.args = args
+        self.kwargs: dict[str, Any] = {}
+        self.name = "t"
+        self.time_start: float | None = None
+
+    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> None:
+        worker_state.task_ready(self)
+
+    def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> None:
+        worker_state.task_ready(self)
+
+    def on_timeout(self, soft: bool, timeout: Any) -> None:
+        pass
+
+    def execute_using_pool(self, pool: Any, **kwargs: Any) -> None:
+        pass
+
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        pass
+
+    def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
+        pass
+
+
+class Consumer:
+    def __init__(self) -> None:
+        self.ran: list[Request] = []
+        self.timer = self
+        self.qos = self
+        self.hub = None
+        self.prefetch = 0
+        self.scheduled: list[tuple[float, Any, Any]] = []
+
+    def on_task_request(self, request: Request) -> None:
+        self.ran.append(request)
+
+    def call_after(self, secs: float, fun: Any, args: Any = (), priority: int = 0) -> Any:
+        self.scheduled.append((secs, fun, args))
+        return self
+
+    def call_repeatedly(self, *args: Any, **kwargs: Any) -> Any:
+        return self
+
+    def cancel(self) -> None:
+        pass
+
+    def increment_eventually(self) -> None:
+        self.prefetch += 1
+
+    def decrement_eventually(self) -> None:
+        self.prefetch -= 1
+
+
+SETTINGS = {"concurrency_on_store_error": "local", "limit_store_retry": 1.0}
+
+
+@pytest.fixture
+def gate() -> Any:
+    clock = FakeClock()
+    app = Celery("unit-slots", broker="memory://", set_as_current=False)
+    app.conf.extras_redis_url = "redis://127.0.0.1:1/0"  # nothing listens: store down
+    celery_extras.install(app)
+    gate = SlotGate(app, SETTINGS, clock)
+    consumer = Consumer()
+    gate.start(consumer)
+    yield gate, consumer, clock
+    gate.stop()
+    worker_state.requests.clear()
+    worker_state.reserved_requests.clear()
+
+
+def test_worker_scope_fifo_per_key_and_release_on_every_ending(gate: Any) -> None:
+    g, c, _clock = gate
+    g.register("t", ConcurrencySpec(1, "worker", lambda a, k: a[0], 30.0))
+    reqs = [Request("a"), Request("a"), Request("b"), Request("a")]
+    for r in reqs:
+        g.submit(c, r, "t")
+    assert c.ran == [reqs[0], reqs[2]]  # a and b in parallel, the other a's wait
+    assert c.prefetch == 2 and g.info()["tasks"]["t"] == {
+        "n": 1, "scope": "worker", "per_key": True, "lease": 30.0, "cap": 1, "holding": 2,
+        "waiting": 2,
+    }  # fmt: skip
+    reqs[0].on_failure(None)  # the request's class was swapped: its ending frees the slot
+    assert c.ran == [reqs[0], reqs[2], reqs[1]]
+    reqs[1].on_success((False, None, 0.1))
+    assert c.ran[-1] is reqs[3] and c.prefetch == 0
+    reqs[3].on_timeout(True, 1)  # a soft time limit: still running
+    assert g.info()["tasks"]["t"]["holding"] == 2
+    reqs[3].on_timeout(False, 1)
+    reqs[2].on_success((True, None, 0.1))
+    assert g.info()["holding"] == 0 and g.counts["released"] == 4
+    assert g.local.buckets() == 0
+
+
+def test_a_key_that_raises_is_logged_and_shares_the_task_slot(
+    gate: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    g, c, _clock = gate
+    g.register("t", ConcurrencySpec(1, "worker", lambda a, k: a[5], 30.0))
+    with caplog.at_level(logging.ERROR):
+        g.submit(c, Request("a"), "t")
+        g.submit(c, Request("b"), "t")
+    assert len(c.ran) == 1 and len(g.waiting) == 1
+    assert "concurrency key of t failed; using its shared slots" in caplog.text
+
+
+def test_an_ending_celery_saw_but_we_did_not_frees_the_slot_at_renewal(gate: Any) -> None:
+    g, c, _clock = gate
+    g.register("t", ConcurrencySpec(1, "worker", None, 30.0))
+    first, second = Request(), Request()
+    g.submit(c, first, "t")
+    g.submit(c, second, "t")
+    worker_state.task_ready(first)  # Celery forgot it, no callback reached us
+    g.tick()
+    assert c.ran == [first]
+    g.tick()
+    assert c.ran == [first, second]
+
+
+@pytest.mark.parametrize(("on_error", "ran"), [("local", 2), ("allow", 3), ("delay", 0)])
+def test_store_down_follows_the_setting_and_is_logged_once(
+    gate: Any, caplog: pytest.LogCaptureFixture, on_error: str, ran: int
+) -> None:
+    g, c, _clock = gate
+    g.on_store_error = on_error
+    g.register("t", ConcurrencySpec(2, "global", None, 30.0))
+    with caplog.at_level(logging.ERROR):
+        for _ in range(3):
+            g.submit(c, Request(), "t")
+    assert len(c.ran) == ran and len(g.waiting) == 3 - ran
+    outages = [r for r in caplog.records if "concurrency slots: the store failed" in r.message]
+    assert len(outages) == 1
+    assert f"extras_concurrency_on_store_error={on_error!r}" in outages[0].message
+    assert g.outage.reason.startswith("ConnectionError: ")
+    assert g.info()["store"] == "down"
+    if on_error == "delay":  # asks again after extras_limit_store_retry
+        assert c.scheduled[-1][0] == pytest.approx(1.0)
+
+
+def test_terminate_and_cancel_free_the_slot_of_a_running_task_only(gate: Any) -> None:
+    g, c, _clock = gate
+    g.register("t", ConcurrencySpec(1, "worker", None, 30.0))
+    first, second, third = Request(), Request(), Request()
+    for r in (first, second, third):
+        g.submit(c, r, "t")
+    first.terminate(None)  # not started yet: Celery terminates it when the pool accepts it
+    assert c.ran == [first]
+    first.time_start = 1.0
+    first.terminate(None)
+    assert c.ran == [first, second]
+    second.time_start = 1.0
+    second.cancel(None)
+    assert c.ran == [first, second, third]
+
+
+def test_request_pending_is_celerys_own_bookkeeping() -> None:
+    request = Request()
+    assert not compat.request_pending(request)  # type: ignore[arg-type]
+    compat.task_reserved(request)  # type: ignore[arg-type]
+    assert compat.request_pending(request)  # type: ignore[arg-type]
+    worker_state.task_ready(request)
+    assert not compat.request_pending(request)  # type: ignore[arg-type]
+
+
+def test_worker_scope_needs_no_store_and_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    app = Celery("unit-nostore", broker="amqp://guest@127.0.0.1:1//", set_as_current=False)
+    celery_extras.install(app)
+    gate = SlotGate(app, SETTINGS, FakeClock())
+    consumer = Consumer()
+    gate.start(consumer)
+    try:
+        gate.register("t", ConcurrencySpec(2, "worker", None, 30.0))
+        with caplog.at_level(logging.WARNING):
+            for _ in range(3):
+                gate.submit(consumer, Request(), "t")
+        assert len(consumer.ran) == 2 and len(gate.waiting) == 1
+        assert caplog.records == [] and gate.info()["store"] == "ok"
+    finally:
+        gate.stop()
+        worker_state.requests.clear()

@@ -1,0 +1,118 @@
+"""Which store client a URL and its options make: single Redis, Sentinel, Redis Cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.exceptions import ImproperlyConfigured
+
+import celery_extras
+from celery_extras.settings import redis_options
+from celery_extras.store import (
+    LazyCluster,
+    StoreUnavailable,
+    redis_client,
+    store_kind,
+    store_options,
+)
+
+
+def app_with(**conf: Any) -> Celery:
+    app = Celery("t", set_as_current=False)
+    app.conf.update(conf)
+    celery_extras.install(app)
+    return app
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "kind"),
+    [
+        ("redis://h:1/0", {}, "redis"),
+        ("unix:///tmp/r.sock", {}, "redis"),
+        ("redis://h:1/0", {"cluster": True}, "cluster"),
+        ("redis+cluster://h:1", {}, "cluster"),
+        ("rediss+cluster://h:1;rediss+cluster://h:2", {}, "cluster"),
+        ("sentinel://h:1;sentinel://h:2/3", {"master_name": "m"}, "sentinel"),
+    ],
+)
+def test_store_kind(url: str, options: dict[str, Any], kind: str) -> None:
+    assert store_kind(url, options) == kind
+
+
+def test_sentinel_store_is_a_master_client_with_its_db_and_sentinels() -> None:
+    app = app_with(
+        extras_redis_url="sentinel://127.0.0.1:1;sentinel://127.0.0.1:2/3",
+        extras_redis_options={"master_name": "mymaster"},
+    )
+    client = redis_client(app)
+    assert isinstance(client, redis.Redis)
+    pool = client.connection_pool
+    assert isinstance(pool, redis.sentinel.SentinelConnectionPool)
+    assert pool.service_name == "mymaster"
+    assert pool.connection_kwargs["db"] == 3
+    kwargs = [s.connection_pool.connection_kwargs for s in pool.sentinel_manager.sentinels]
+    assert [(k["host"], k["port"]) for k in kwargs] == [("127.0.0.1", 1), ("127.0.0.1", 2)]
+
+
+def test_sentinel_broker_gives_the_store_its_master_name() -> None:
+    app = app_with(
+        broker_url="sentinel://127.0.0.1:1;sentinel://127.0.0.1:2/0",
+        broker_transport_options={"master_name": "from-broker", "visibility_timeout": 10},
+    )
+    assert store_options(app) == {"master_name": "from-broker"}
+    pool = redis_client(app).connection_pool
+    assert isinstance(pool, redis.sentinel.SentinelConnectionPool)
+    assert pool.service_name == "from-broker"
+
+
+def test_store_options_win_over_the_brokers() -> None:
+    app = app_with(
+        broker_url="sentinel://127.0.0.1:1/0",
+        broker_transport_options={"master_name": "broker"},
+        extras_redis_options={"master_name": "store"},
+    )
+    assert store_options(app)["master_name"] == "store"
+
+
+def test_broker_options_do_not_apply_to_another_store() -> None:
+    app = app_with(
+        broker_url="sentinel://127.0.0.1:1/0",
+        broker_transport_options={"master_name": "broker"},
+        extras_redis_url="sentinel://127.0.0.1:5/0",
+    )
+    with pytest.raises(StoreUnavailable, match="master_name"):
+        redis_client(app)
+
+
+def test_sentinel_without_master_name_names_the_setting() -> None:
+    app = app_with(extras_redis_url="sentinel://127.0.0.1:1/0")
+    with pytest.raises(StoreUnavailable, match=r"extras_redis_options = \{\"master_name\""):
+        redis_client(app)
+
+
+def test_cluster_store_has_its_start_up_nodes_and_database_0_only() -> None:
+    app = app_with(extras_redis_url="redis+cluster://127.0.0.1:1;redis+cluster://127.0.0.1:2")
+    client = redis_client(app)  # made at once: nothing is contacted yet
+    assert isinstance(client, LazyCluster)
+    with pytest.raises(redis.ConnectionError, match="Redis Cluster unreachable"):
+        client.get("k")  # nothing listens: an outage like any other
+    bad = app_with(extras_redis_url="redis+cluster://127.0.0.1:1/2")
+    with pytest.raises(StoreUnavailable, match="database 0 only"):
+        redis_client(bad)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"master": "m"}, "unknown option 'master'"),
+        ({"master_name": ""}, r"extras_redis_options\['master_name'\]: expected a non-empty"),
+        ({"sentinel_kwargs": 3}, r"\['sentinel_kwargs'\]: expected a dict"),
+        ({"cluster": "yes"}, r"\['cluster'\]: expected True or False"),
+    ],
+)
+def test_bad_options_name_the_setting(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=message):
+        redis_options("extras_redis_options", options)
