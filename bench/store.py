@@ -3,6 +3,10 @@
 * Global acquire p50: one bucket script call (:class:`GlobalBucket.reserve`) on the
   shared single Redis, on a private 3-master Redis Cluster, and on a Redis behind
   Sentinel (master + replica + 3 Sentinels), all on loopback.
+* Park p50 on the Sentinel set: one delay-store park without ``WAIT`` and with
+  ``WAIT 1`` (the default there, ``extras_delay_park_replicas``), pipelined in one
+  round trip, and what a park costs while the replica is cut off (the wait, then the
+  withdrawal). ``python -m bench.store parks`` prints these rows alone.
 * Accuracy: 6 workers (prefork, concurrency 2) share a ``5/s`` per-key global limit
   over 6 keys, two on each master of the cluster, 40 tasks per key queued: the
   worst key's steady rate and the busiest second of any key.
@@ -13,7 +17,9 @@ stopped before the function returns (tests/support/topology.py).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -25,17 +31,24 @@ import redis
 from celery import Task, shared_task
 
 from celery_extras import limit
+from celery_extras.delay.entry import Entry
+from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
 from celery_extras.policies.global_bucket import GlobalBucket
 from celery_extras.store import connect
 from tests.support import proj
 from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.journal import Journal
-from tests.support.topology import RedisClusterTopology, redis_cluster, redis_sentinel
+from tests.support.topology import (
+    RedisClusterTopology,
+    SentinelTopology,
+    redis_cluster,
+    redis_sentinel,
+)
 from tests.support.workers import WorkerProcess, wait_for
 
 from .table import Row
 
-__all__ = ["measure"]
+__all__ = ["measure", "park_rows"]
 
 INCLUDE = ("bench.store",)
 TASK = "bench.store.per_key"
@@ -61,6 +74,54 @@ def acquire_p50_ms(client: Any, calls: int = 3000) -> float:
         samples.append((time.perf_counter_ns() - start) / 1e6)
     client.delete(bucket.bucket_key("bench"))
     return statistics.median(samples)
+
+
+def _park_p50_ms(store: RedisDelayStore, calls: int) -> float:
+    """p50 latency of one park of a fresh entry (a 200-byte body), in ms."""
+    body = b"[[" + b"1, " * 60 + b"1], {}, {}]"
+    samples = []
+    for i in range(calls + 50):
+        entry = Entry(task="bench.park", task_id=f"t{i}", kind="limit", body=body,
+                      content_type="application/json", content_encoding="utf-8",
+                      headers={"id": f"t{i}", "task": "bench.park"})  # fmt: skip
+        start = time.perf_counter_ns()
+        store.park(f"e{i}", entry, 3600.0)
+        if i >= 50:
+            samples.append((time.perf_counter_ns() - start) / 1e6)
+    store.client.delete(*store.keys.values())
+    return statistics.median(samples)
+
+
+def park_rows(sentinel: SentinelTopology, calls: int = 2000) -> list[Row]:
+    """Park p50 without and with ``WAIT 1`` on *sentinel*, and a park with the replica cut off."""
+    client = connect(sentinel.url, sentinel.options)
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    no_wait = _park_p50_ms(RedisDelayStore(client, prefix), calls)
+    waited = _park_p50_ms(RedisDelayStore(client, prefix, replicas=1), calls)
+    store = RedisDelayStore(client, prefix, replicas=1, replica_wait=1.0)
+    replica = sentinel.replica_port()
+    sentinel.pause(replica)
+    try:
+        redis.Redis(port=sentinel.master_port()).client_kill_filter(_type="replica")
+        start = time.perf_counter()
+        with contextlib.suppress(ParkNotReplicated):
+            store.park("cut", Entry("bench.park", "cut", "limit", b"[]", "application/json",
+                                    "utf-8"), 3600.0)  # fmt: skip
+        cut_ms = (time.perf_counter() - start) * 1000
+    finally:
+        sentinel.resume(replica)
+    client.delete(*delay_keys(prefix).values())
+    client.close()
+    return [
+        Row("delay park p50, Sentinel, no WAIT", "ms", None, no_wait, "<= 0.5", no_wait <= 0.5,
+            runs=calls, note="extras_delay_park_replicas = 0"),
+        Row("delay park p50, Sentinel, WAIT 1 (default there)", "ms", None, waited,
+            "<= 2x no WAIT", waited <= 2 * no_wait, runs=calls,
+            note="script + WAIT pipelined; loopback replica"),
+        Row("delay park, replica cut off: time to fail", "ms", None, cut_ms, "~ 1000",
+            900 <= cut_ms <= 1500, note="extras_delay_park_wait, then withdrawn; tried again "
+            "every 5 s per process"),
+    ]  # fmt: skip
 
 
 def keys_on_every_master(topology: RedisClusterTopology, ns: str) -> list[str]:
@@ -125,6 +186,7 @@ def measure() -> list[Row]:
             client = connect(sentinel.url, sentinel.options)
             sentinel_ms = acquire_p50_ms(client)
             client.close()
+            parks = park_rows(sentinel)
         with redis_cluster(Path(tmp) / "cluster") as topology:
             client = connect(topology.url, {})
             cluster_ms = acquire_p50_ms(client)
@@ -137,9 +199,20 @@ def measure() -> list[Row]:
             "<= 2x single", cluster_ms <= 2 * single_ms, note="same script; client routes by slot"),
         Row("global acquire p50, Redis behind Sentinel", "ms", None, sentinel_ms,
             "<= 2x single", sentinel_ms <= 2 * single_ms, note="master + replica + 3 Sentinels"),
+        *parks,
         Row("6 workers, 6 keys on 3 masters, 5/s each: worst key rate", "tasks/s", None, worst,
             "5 +- 5%", abs(worst - KEY_RATE) <= 0.05 * KEY_RATE,
             note=f"best key {best:.2f}/s; 40 tasks per key"),
         Row("same: busiest second of any key", "tasks", None, float(busiest), "<= 6",
             busiest <= KEY_RATE + 1, note="rate + burst"),
     ]  # fmt: skip
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["parks"]:
+    from .table import render
+
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-store-") as tmp,
+        redis_sentinel(Path(tmp) / "sentinel") as topology,
+    ):
+        print(render(park_rows(topology)))

@@ -9,7 +9,7 @@ from celery import bootsteps
 from celery.worker.consumer.tasks import Tasks
 
 from ..capability import Capability
-from ..settings import Setting, boolean, integer, number, settings_of
+from ..settings import Setting, boolean, integer, number, optional, settings_of
 from ..store import store_url
 from .entry import DUE_SUFFIX
 from .gate import DELAY_ATTR, ArrivalGate, MoverThread
@@ -148,6 +148,25 @@ DELAY = Capability(
             "float",
             "Seconds the store remembers a taken entry, so that a second copy of its "
             "message (or a redelivery of the parked original) is recognised and dropped.",
+        ),
+        Setting(
+            "delay_park_replicas",
+            None,
+            optional(integer(minimum=0, maximum=100)),
+            "int | None",
+            "Replicas that must acknowledge a parked task (Redis ``WAIT``) before its "
+            "message is acked, so a failover cannot drop it; when fewer do within "
+            "``extras_delay_park_wait``, the park is withdrawn and the task held or kept "
+            "unacked. ``None``: 1 when the store is behind Sentinel, 0 (no ``WAIT``) on a "
+            "single Redis or a Redis Cluster.",
+        ),
+        Setting(
+            "delay_park_wait",
+            1.0,
+            number(above=0),
+            "float",
+            "Seconds a park waits for ``extras_delay_park_replicas`` replicas to acknowledge "
+            "it. While none does, parks are tried again at most every 5 s per process.",
         ),
         Setting(
             "eta_store",

@@ -3,21 +3,35 @@
 Used by the worker's main process (limited tasks, ETA tasks) and by pool
 processes (retries). The store's failures are logged once per outage per
 process; the caller keeps the message when parking fails.
+
+On a store with replicas (by default: a Sentinel-managed master) a park counts
+only once a replica acknowledged it (``WAIT``), so a failover cannot drop a task
+whose message was acked. While none does, parks fail (logged once) and are tried
+again at most every :data:`REPLICA_RETRY` seconds, so a missing replica does not
+cost every task the wait.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import redis
 from celery import Celery
 from kombu.entity import Exchange, Queue
 
+from ..settings import settings_of
 from ..signals import task_parked
-from ..store import StoreUnavailable, redis_client, store_key
+from ..store import (
+    StoreUnavailable,
+    redis_client,
+    store_key,
+    store_kind,
+    store_options,
+    store_url,
+)
 from .core import DelayStore
 from .entry import (
     CLAIM_HEADER,
@@ -28,13 +42,38 @@ from .entry import (
     due_queue_name,
     entry_id,
 )
-from .redis_store import RedisDelayStore
+from .redis_store import ParkNotReplicated, RedisDelayStore
 
-__all__ = ["STORE_ERRORS", "Parker", "delayed", "due_queue", "origin_queue"]
+__all__ = [
+    "REPLICA_RETRY",
+    "STORE_ERRORS",
+    "Parker",
+    "delayed",
+    "due_queue",
+    "origin_queue",
+    "park_replicas",
+]
 
 logger = logging.getLogger(__name__)
 
 STORE_ERRORS = (redis.RedisError, StoreUnavailable, OSError)
+#: Seconds after a park no replica acknowledged during which parks fail at once (held).
+REPLICA_RETRY = 5.0
+
+
+def park_replicas(app: Celery) -> int:
+    """Replicas a park waits for: ``extras_delay_park_replicas``, or by default 1 when the
+    store is behind Sentinel (a failover promotes a replica) and 0 otherwise."""
+    configured: int | None = settings_of(app).get("delay_park_replicas")
+    if configured is not None:
+        return configured
+    url = store_url(app)
+    if url is None:
+        return 0
+    try:
+        return 1 if store_kind(url, store_options(app)) == "sentinel" else 0
+    except ValueError:
+        return 0
 
 
 def due_queue(queue: str) -> Queue:
@@ -62,18 +101,33 @@ def origin_queue(queues: Iterable[Queue], exchange: str, routing_key: str) -> st
 class Parker:
     """Parks messages of *app* in its delay store; one per process."""
 
-    def __init__(self, app: Celery, tombstone_ttl: float = 86400.0) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        tombstone_ttl: float = 86400.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.app = app
         self.tombstone_ttl = tombstone_ttl
+        self.clock = clock
         self._store: DelayStore | None = None
         self.down = False
-        self.counts = {"parked": 0, "park_errors": 0}
+        #: no replica acknowledged the last park tried; parks fail at once until this time
+        self.unreplicated = False
+        self._replica_retry_at = 0.0
+        self.counts = {"parked": 0, "park_errors": 0, "park_unreplicated": 0}
 
     @property
     def store(self) -> DelayStore:
         if self._store is None:
-            self._store = RedisDelayStore(redis_client(self.app), store_key(self.app),
-                                          self.tombstone_ttl)  # fmt: skip
+            settings = settings_of(self.app)
+            self._store = RedisDelayStore(
+                redis_client(self.app),
+                store_key(self.app),
+                self.tombstone_ttl,
+                replicas=park_replicas(self.app),
+                replica_wait=float(settings.get("delay_park_wait", 1.0)),
+            )
         return self._store
 
     def store_failed(self, what: str, exc: BaseException) -> None:
@@ -151,13 +205,31 @@ class Parker:
         keeps the message.
         """
         start = time.monotonic()
+        if self.unreplicated and self.clock() < self._replica_retry_at:
+            self.counts["park_unreplicated"] += 1
+            return False  # no replica acknowledged a park a moment ago: keep it, at once
         try:
             new = self.store.park(eid, entry, delay)
+        except ParkNotReplicated as exc:
+            self.counts["park_unreplicated"] += 1
+            self._replica_retry_at = self.clock() + REPLICA_RETRY
+            if not self.unreplicated:
+                self.unreplicated = True
+                logger.error(
+                    "celery-extras: the delay store's replicas do not acknowledge parks (%s) "
+                    "while parking %s[%s]; waiting tasks are held or kept unacked until a "
+                    "replica does (tried again every %.0f s; logged once per outage)",
+                    exc, entry.task, entry.task_id, REPLICA_RETRY,
+                )  # fmt: skip
+            return False
         except STORE_ERRORS as exc:
             self.counts["park_errors"] += 1
             self.store_failed(f"parking {entry.task}[{entry.task_id}]", exc)
             return False
         self.store_answered()
+        if self.unreplicated:
+            self.unreplicated = False
+            logger.warning("celery-extras: a replica acknowledges parks again")
         if new:
             self.counts["parked"] += 1
             due = max(0.0, delay - (time.monotonic() - start))

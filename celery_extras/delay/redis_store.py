@@ -15,6 +15,11 @@ one node of a Redis Cluster:
 
 Every time is read from the server, so workers whose clocks disagree agree on
 when an entry is due; results are returned as seconds from now. No Celery import.
+
+With *replicas* > 0, :meth:`RedisDelayStore.park` is durable across a failover: the
+park script and ``WAIT replicas timeout`` go in one round trip on one connection,
+and a park no replica acknowledged in time is withdrawn and reported as
+:class:`ParkNotReplicated`, so the caller keeps the message (see docs/store.rst).
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from ..store import StoreClient
+import redis
+from redis.exceptions import NoScriptError, RedisClusterException
+
+from ..store import LazyCluster, StoreClient
 from .core import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
 from .entry import Entry
 
-__all__ = ["RedisDelayStore", "delay_keys"]
+__all__ = ["ParkNotReplicated", "RedisDelayStore", "delay_keys"]
 
 _NOW = """
 local t = redis.call('TIME')
@@ -34,10 +42,16 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 #: KEYS: due, meta, msg. ARGV: id, delay ms, meta JSON, entry JSON. Returns 1 parked, 0 known.
+#: A known entry's meta is written again, unchanged: every park then propagates a write, so a
+#: ``WAIT`` after it covers the entry whichever connection first wrote it.
 PARK = (
     _NOW
     + """
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+local known = redis.call('HGET', KEYS[2], ARGV[1])
+if known then
+  redis.call('HSET', KEYS[2], ARGV[1], known)
+  return 0
+end
 local m = cjson.decode(ARGV[3])
 m.d = now + tonumber(ARGV[2])
 m.c = nil
@@ -161,14 +175,48 @@ return 1
 """
 
 
+#: Take back a park no replica acknowledged (KEYS: due, meta, msg; ARGV: id). Returns 1 when
+#: the entry is gone (withdrawn, or never there), 0 when a mover claimed it or a worker took it
+#: meanwhile: a copy may be published already, so the park stands. Withdrawn leaves no
+#: tombstone, so parking the same message again later stores it anew.
+WITHDRAW = """
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if not raw then return 1 end
+local ok, m = pcall(cjson.decode, raw)
+if ok and type(m) == 'table' and (m.x or (type(m.c) == 'table' and #m.c > 0)) then
+  return 0
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return 1
+"""
+
+
+class ParkNotReplicated(redis.RedisError):
+    """Fewer replicas than asked acknowledged a park within the wait; it was withdrawn."""
+
+
 class RedisDelayStore:
     """:class:`~.core.DelayStore` on *client*'s Redis, keys under *prefix*."""
 
-    def __init__(self, client: StoreClient, prefix: str, tombstone_ttl: float = 86400.0) -> None:
+    def __init__(
+        self,
+        client: StoreClient,
+        prefix: str,
+        tombstone_ttl: float = 86400.0,
+        *,
+        replicas: int = 0,
+        replica_wait: float = 1.0,
+    ) -> None:
         self.client = client
         self.keys = delay_keys(prefix)
         self.tombstone_ttl = tombstone_ttl
+        #: replicas that must acknowledge a park (``WAIT``) before it counts; 0: no ``WAIT``
+        self.replicas = replicas
+        self.replica_wait = replica_wait
         self._park = client.register_script(PARK)
+        self._withdraw = client.register_script(WITHDRAW)
         self._claim = client.register_script(CLAIM)
         self._release = client.register_script(RELEASE)
         self._take = client.register_script(TAKE)
@@ -180,12 +228,49 @@ class RedisDelayStore:
         return [k["due"], k["meta"], k["msg"], k["taken"]]
 
     def park(self, entry_id: str, entry: Entry, delay: float) -> bool:
+        """Store *entry*; ``False`` if known already. With :attr:`replicas`, only once that
+        many replicas acknowledged it, else :class:`ParkNotReplicated` (entry withdrawn)."""
         delay_ms = max(0, min(int(delay * 1000), 10 * 365 * 86400 * 1000))
-        reply = self._park(
-            keys=self._all[:3],
-            args=[entry_id, delay_ms, json.dumps(entry.meta()), entry.dumps()],
-        )
-        return bool(reply)
+        keys = self._all[:3]
+        args: list[str | int] = [entry_id, delay_ms, json.dumps(entry.meta()), entry.dumps()]
+        if self.replicas <= 0:
+            return bool(self._park(keys=keys, args=args))
+        new, acked = self._park_and_wait(keys, args)
+        if acked >= self.replicas:
+            return new
+        if self._withdraw(keys=keys, args=[entry_id]):
+            raise ParkNotReplicated(
+                f"{acked} of {self.replicas} replica(s) acknowledged the park within "
+                f"{self.replica_wait:g} s (WAIT); the entry was withdrawn"
+            )
+        return new  # a mover claimed it meanwhile: a copy may be out, so the park stands
+
+    def _park_and_wait(self, keys: list[str], args: list[str | int]) -> tuple[bool, int]:
+        """The park script then ``WAIT``, pipelined on one connection (``WAIT`` counts the
+        replicas that acknowledged this connection's writes); on a cluster the ``WAIT`` goes
+        to the node that holds the keys. ``(parked anew, replicas that acknowledged)``."""
+        client: Any = self.client
+        cluster = isinstance(client, LazyCluster | redis.RedisCluster)
+        wait = ("WAIT", self.replicas, max(1, int(self.replica_wait * 1000)))
+        for attempt in (1, 2):
+            try:
+                pipe = client.pipeline(transaction=False)
+                pipe.execute_command("EVALSHA", self._park.sha, len(keys), *keys, *args)
+                if cluster:
+                    pipe.execute_command(*wait, target_nodes=client.get_node_from_key(keys[0]))
+                else:
+                    pipe.execute_command(*wait)
+                parked, acked = pipe.execute(raise_on_error=False)
+            except RedisClusterException as exc:
+                raise redis.ConnectionError(f"Redis Cluster: {exc}") from exc
+            if isinstance(parked, NoScriptError) and attempt == 1:
+                client.script_load(PARK)  # a fresh server (restart, failover): load, again
+                continue
+            for result in (parked, acked):
+                if isinstance(result, Exception):
+                    raise result
+            break
+        return bool(parked), int(acked)
 
     def claim(self, lead: float, lease: float, tokens: list[str]) -> Claimed:
         reply = cast(

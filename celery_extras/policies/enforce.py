@@ -185,7 +185,8 @@ class Enforcer(Limiter):
         booking and parking is taken off the wait, so a parked task is not later than its
         slot (a later one would crowd the slots booked after it).
 
-        ``False`` (and nothing acked) when it cannot be parked; the caller then holds it.
+        ``False`` (and nothing acked) when it cannot be parked, or no replica acknowledged
+        the park where one must (``extras_delay_park_replicas``); the caller then holds it.
         """
         message = request.message
         headers = message.headers or {}

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from celery_extras.delay.core import DelayStore, MemoryDelayStore, Take
-from celery_extras.delay.redis_store import RedisDelayStore, delay_keys
+from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
 from celery_extras.store import connect
 from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.topology import RedisClusterTopology
@@ -35,6 +35,22 @@ def store(request: pytest.FixtureRequest) -> Iterator[DelayStore]:
         client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     prefix = f"t{uuid.uuid4().hex[:10]}"
     yield RedisDelayStore(client, prefix, tombstone_ttl=3600.0)
+    client.delete(*delay_keys(prefix).values())
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def unreplicated(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
+    """A store client on a Redis without replicas (the shared one, the private cluster's
+    masters) and a fresh prefix."""
+    client: Any
+    if request.param == "redis-cluster":
+        topology: RedisClusterTopology = request.getfixturevalue("redis_cluster_topology")
+        client = connect(topology.url, {})
+    else:
+        require_broker("redis")
+        client = connect(REDIS_URL, {})
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    yield client, prefix
     client.delete(*delay_keys(prefix).values())
 
 
@@ -105,3 +121,35 @@ def test_garbage_in_the_store_is_dropped_not_fatal() -> None:
         assert store.take("junk", "t1", "tok0").status is Take.UNKNOWN
     finally:
         client.delete(*keys.values())
+
+
+def test_a_park_no_replica_acknowledges_is_withdrawn_then_parks_anew(
+    unreplicated: tuple[Any, str],
+) -> None:
+    """``WAIT 1`` on a master without replicas: the park fails and leaves nothing behind (no
+    tombstone), so the same message parked later is stored anew, not taken as known."""
+    client, prefix = unreplicated
+    waiting = RedisDelayStore(client, prefix, replicas=1, replica_wait=0.05)
+    plain = RedisDelayStore(client, prefix)
+    with pytest.raises(ParkNotReplicated, match="0 of 1 replica"):
+        waiting.park("e1", make_entry("t1"), 0.0)
+    assert plain.depth() == 0 and client.hlen(plain.keys["meta"]) == 0
+    assert client.hlen(plain.keys["msg"]) == 0
+    assert plain.park("e1", make_entry("t1"), 0.0) is True
+    assert RedisDelayStore(client, prefix, replicas=0).park("e1", make_entry("t1"), 0.0) is False
+
+
+def test_a_park_claimed_or_taken_before_its_withdrawal_stands(
+    unreplicated: tuple[Any, str],
+) -> None:
+    """A mover claimed the entry (a copy may be out) or a worker took it before the park's
+    WAIT ended: withdrawing it would let the original run beside that copy."""
+    client, prefix = unreplicated
+    plain = RedisDelayStore(client, prefix)
+    waiting = RedisDelayStore(client, prefix, replicas=1, replica_wait=0.05)
+    plain.park("e1", make_entry("t1"), 0.0)
+    (claim,) = plain.claim(0.0, 30.0, tokens(1)).items
+    assert waiting.park("e1", make_entry("t1"), 0.0) is False  # known: it stands
+    assert plain.take("e1", "t1", claim.token).status is Take.TAKEN
+    assert waiting.park("e1", make_entry("t1"), 0.0) is False
+    assert plain.take("e1", "t1", claim.token).status is Take.REDELIVERED

@@ -11,8 +11,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +21,7 @@ from celery_extras.sync import RevokeStore, record_revokes
 from celery_extras.sync.revoke_store import shard_of
 from tests.integration.conftest import Cluster
 from tests.support.journal import Journal
-from tests.support.topology import SentinelTopology, redis_sentinel
+from tests.support.topology import SentinelTopology
 from tests.support.workers import WorkerProcess, wait_for
 
 INCLUDE = ("tests.support.tasks_reliability",)
@@ -31,12 +29,6 @@ LIMITED = "tests.reliability.limited"  # 10/s, burst 2, global, acks_late
 RATE, BURST = 10, 2
 #: Seconds, beyond the Sentinels' own failover time, for the workers to carry on.
 CARRY_ON = 5.0
-
-
-@pytest.fixture
-def sentinel(tmp_path: Path) -> Iterator[SentinelTopology]:
-    with redis_sentinel(tmp_path / "sentinel") as topology:
-        yield topology
 
 
 def revoked_on(cluster: Cluster, worker: WorkerProcess) -> set[str]:

@@ -89,9 +89,19 @@ class _Processes:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
 
+    def pause(self, port: int) -> None:
+        """SIGSTOP the server on *port*: its connections stay open, it answers nothing."""
+        self.procs[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        proc = self.procs.get(port)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
-        for proc in self.procs.values():
+        for port, proc in self.procs.items():
             if proc.poll() is None:
+                self.resume(port)  # a paused server cannot act on SIGTERM
                 proc.terminate()
         for proc in self.procs.values():
             try:
@@ -193,6 +203,18 @@ class SentinelTopology:
         s = redis.Redis(port=self.sentinel_ports[0], socket_timeout=1, decode_responses=True)
         _host, port = s.sentinel_get_master_addr_by_name(self.master_name)
         return int(port)
+
+    def replica_port(self) -> int:
+        """The data server that is not the master now."""
+        master = self.master_port()
+        return next(p for p in self.data_ports if p != master)
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP the server on *port* (a replica that stops acknowledging, link still up)."""
+        self.servers.pause(port)
+
+    def resume(self, port: int) -> None:
+        self.servers.resume(port)
 
     def kill_master(self) -> int:
         """SIGKILL the current master; returns its port."""
