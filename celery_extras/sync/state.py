@@ -155,7 +155,7 @@ class WorkerRevokes:
 
     def expire(self) -> None:
         """Drop expired ids and the expired stamps merged here; forget long-expired known ones."""
-        self.revoked.purge()
+        self.revoked.purge(now=self.monotonic())
         now = self.wall_clock()
         for stamp, expiry in list(self.stamp_expiry.items()):
             if expiry <= now:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from celery.utils.collections import LimitedSet
 
 from celery_extras.sync.state import KNOWN_GRACE, WorkerRevokes
@@ -102,12 +104,13 @@ def test_known_ids_still_in_celerys_set_outlive_those_it_evicted() -> None:
     pulled from the store (stamped with their older write time) outlived, in the set,
     the known entries that said they were stored, and were written back."""
     state, clocks = make(expires=1000.0, maxlen=100)
+    clocks.mono = time.monotonic()  # LimitedSet.add purges on the real monotonic clock
     # 100 ids from the store, written 500 s ago and earlier: s99 the oldest (the set
     # evicts it first), s0 the newest (inserted first, so the oldest of known_ids)
     state.merge_ids({f"s{i}": clocks.wall + 500 - i for i in range(100)}, stored=True)
     clocks.advance(1)
     for i in range(60):  # broadcasts of ids a client stored: the set evicts 60 s-ids
-        state.revoked.add(f"b{i}")
+        state.revoked.add(f"b{i}", now=clocks.mono)
     assert state.note_stored([f"b{i}" for i in range(60)], clocks.wall + 999) == 60
     assert len(state.known_ids) == 100 and len(state.revoked) == 100
     assert state.unstored() == ({}, {})
