@@ -42,7 +42,7 @@ def _fmt(value: float | None) -> str:
 
 
 def render(rows: Sequence[Row]) -> str:
-    """A plain-text table for the terminal."""
+    """A plain-text table for the terminal, the rows' notes below it."""
     header = ("figure", "unit", "plain", "extras", "ratio", "target", "met", "runs")
     body = [
         (r.name, r.unit, _fmt(r.plain), _fmt(r.extras), r.ratio, r.target,
@@ -52,7 +52,8 @@ def render(rows: Sequence[Row]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *body, strict=True)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in
              (header, *body)]  # fmt: skip
-    return "\n".join(lines)
+    notes = [f"  {r.name}: {r.note}" for r in rows if r.note]
+    return "\n".join(lines + (["notes:", *notes] if notes else []))
 
 
 def markdown(rows: Sequence[Row]) -> str:
