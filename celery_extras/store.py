@@ -25,9 +25,10 @@ one way the package gets its client.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any, TypeAlias, cast
 from urllib.parse import unquote, urlsplit
 
@@ -47,6 +48,7 @@ __all__ = [
     "StoreClient",
     "StoreUnavailable",
     "connect",
+    "forget_after_fork",
     "redis_client",
     "store_key",
     "store_kind",
@@ -65,6 +67,29 @@ TIMEOUT = 2.0
 
 _clients: weakref.WeakKeyDictionary[Celery, StoreClient] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+#: Caches holding store clients (or objects bound to one), emptied in a forked child.
+_per_process: list[MutableMapping[Any, Any]] = [_clients]
+
+
+def forget_after_fork(*caches: MutableMapping[Any, Any]) -> None:
+    """Empty *caches* (of objects holding a store client) in every forked child process."""
+    _per_process.extend(caches)
+
+
+def _after_fork_in_child() -> None:
+    """A forked process (a prefork pool child) opens store clients of its own.
+
+    The ones it inherited may have been mid-call in a thread of the parent (the sync
+    thread, a delay mover), holding locks no thread here will ever release: a Redis
+    Cluster client then hung the first task that used it.
+    """
+    global _lock
+    _lock = threading.Lock()
+    for cache in _per_process:
+        cache.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class StoreUnavailable(RuntimeError):

@@ -33,7 +33,7 @@ from ..delay.parking import Parker
 from ..delay.retry import ParkingProducer
 from ..outage import OutageLog
 from ..settings import settings_of
-from ..store import redis_client, store_key, store_url
+from ..store import forget_after_fork, redis_client, store_key, store_url
 from .failure_store import redis_counts
 from .retry_limiters import RetryPolicy
 from .spec import RetrySpec
@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 _outage = OutageLog(logger, "retry failure memory")
 _bound: weakref.WeakKeyDictionary[Celery, dict[str, RetryPolicy]] = weakref.WeakKeyDictionary()
 _parkers: weakref.WeakKeyDictionary[Celery, tuple[float, Parker]] = weakref.WeakKeyDictionary()
+forget_after_fork(_bound, _parkers)  # they hold store clients
 
 
 def retry_memory(app: Celery, task_name: str, policy: RetryPolicy) -> RetryPolicy:

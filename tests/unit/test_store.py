@@ -116,3 +116,37 @@ def test_cluster_store_has_its_start_up_nodes_and_database_0_only() -> None:
 def test_bad_options_name_the_setting(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ImproperlyConfigured, match=message):
         redis_options("extras_redis_options", options)
+
+
+def test_a_forked_child_opens_its_own_client_even_with_the_lock_held() -> None:
+    """A prefork pool child forked while a thread of the parent was using the store must
+    neither wait for a lock no thread of its own will release nor reuse the parent's client
+    (a Redis Cluster client inherited mid-call hung the first task that used it)."""
+    import os
+    import select
+    import signal
+
+    from celery_extras import store
+
+    app = app_with(extras_redis_url="redis+cluster://127.0.0.1:1")
+    parent = redis_client(app)
+    read, write = os.pipe()
+    with store._lock:  # as the sync thread would hold it, mid-call, at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: report, and leave without running pytest's teardown
+            os.close(read)
+            try:
+                os.write(write, b"own" if redis_client(app) is not parent else b"same")
+            finally:
+                os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 10.0)
+        answer = os.read(read, 10) if ready else b"hung"
+    finally:
+        os.close(read)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert answer == b"own"
+    assert redis_client(app) is parent  # the parent keeps its client
