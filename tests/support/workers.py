@@ -121,11 +121,12 @@ class WorkerProcess:
         self.proc.wait(10)
 
     def stop(self, timeout: float = 20.0) -> int | None:
-        """Warm shutdown (SIGTERM), then SIGKILL if it has not exited in *timeout* s."""
+        """Warm shutdown (SIGTERM), then SIGKILL if it has not exited in *timeout* s
+        (``timeout=0``: SIGKILL at once, see :meth:`Cluster.stop`)."""
         if self.proc is None:
             return None
         try:
-            if self.alive():
+            if timeout > 0 and self.alive():
                 self.signal(signal.SIGCONT)
                 os.kill(self.pid, signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
