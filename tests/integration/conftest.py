@@ -14,12 +14,14 @@ more with the store on the cluster.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import kombu
 import pytest
 import redis
 from celery import Celery
@@ -184,3 +186,25 @@ def restartable_cluster(kind: str, ns: str, workdir: Path) -> Iterator[tuple[Clu
             yield cluster, broker
         finally:
             cluster.stop()
+
+
+#: kombu 5.7 restores a dead worker's unacked Redis messages every
+#: ``unacked_restore_interval``; earlier releases only when a worker starts (then every
+#: ~100 s).
+KOMBU_RESTORES_PERIODICALLY = tuple(map(int, kombu.__version__.split(".")[:2])) >= (5, 7)
+
+
+def wait_until_unacked_due(cluster: Cluster, visibility_timeout: float) -> bool:
+    """On a Redis broker with kombu < 5.7, wait until a dead worker's unacked messages are
+    past *visibility_timeout*, so that a worker started now restores them all; say whether
+    it waited (a worker must then be started for them)."""
+    if not cluster.broker.startswith("redis") or KOMBU_RESTORES_PERIODICALLY:
+        return False
+    index = redis.Redis.from_url(cluster.broker)
+
+    def all_due() -> bool:
+        delivered = index.zrange(f"{cluster.ns}.unacked_index", 0, -1, withscores=True)
+        return all(at < time.time() - visibility_timeout - 1 for _, at in delivered)
+
+    wait_for(all_due, timeout=30, interval=0.5, what="the unacked messages to be due")
+    return True

@@ -13,16 +13,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import kombu
-import redis
-
-from tests.integration.conftest import Cluster, also_on_redis_cluster
+from tests.integration.conftest import Cluster, also_on_redis_cluster, wait_until_unacked_due
 from tests.support import proj
 from tests.support.journal import Journal
 from tests.support.workers import ROOT, WorkerProcess, wait_for
 
-#: kombu 5.7 restores a dead worker's unacked Redis messages every unacked_restore_interval.
-KOMBU_RESTORES_PERIODICALLY = tuple(map(int, kombu.__version__.split(".")[:2])) >= (5, 7)
 
 INCLUDE = ("tests.support.tasks_concurrency",)
 GLOBAL2 = "tests.concurrency.global2"
@@ -126,7 +121,6 @@ def test_per_key_slots_run_keys_in_parallel_and_each_key_serially(
 def test_sigkill_of_the_holder_returns_its_slots_after_the_lease(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:
-    ns = cluster.ns
     cluster.configure(
         include=INCLUDE,
         broker_transport_options={  # Redis: give a dead worker's messages back after 8 s
@@ -150,17 +144,8 @@ def test_sigkill_of_the_holder_returns_its_slots_after_the_lease(
     w1.kill()
     journal.raise_flag("go")  # the blocked runs, delivered again, now finish
 
-    if cluster.broker.startswith("redis") and not KOMBU_RESTORES_PERIODICALLY:
-        # kombu < 5.7 has no unacked_restore_interval: a worker restores a dead one's unacked
-        # messages when it starts, then every ~100 s. Start one more once they are all due.
-        index = redis.Redis.from_url(cluster.broker)
-
-        def all_due() -> bool:
-            delivered = index.zrange(f"{ns}.unacked_index", 0, -1, withscores=True)
-            return all(at < time.time() - 8 - 1 for _, at in delivered)
-
-        wait_for(all_due, timeout=30, interval=0.5, what="w1's unacked messages to be due")
-        cluster.worker("w3", concurrency=3)
+    if wait_until_unacked_due(cluster, visibility_timeout=8):
+        cluster.worker("w3", concurrency=3)  # kombu < 5.7 restores them as a worker starts
     everything = {"block", *range(6)}
     wait_for(lambda: {e["tag"] for e in ends(journal, name)} >= everything, timeout=90,
              interval=0.5, what="every task to run after the SIGKILL")  # fmt: skip

@@ -15,19 +15,15 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import kombu
 import pytest
-import redis
 
 from celery_extras.policies import retry_memory
 from celery_extras.policies.control import set_limit
-from tests.integration.conftest import Cluster, also_on_redis_cluster
+from tests.integration.conftest import Cluster, also_on_redis_cluster, wait_until_unacked_due
 from tests.support import proj, tasks_policies
 from tests.support.journal import Journal
 from tests.support.workers import ROOT, wait_for
 
-#: kombu 5.7 restores a dead worker's unacked Redis messages every unacked_restore_interval.
-KOMBU_RESTORES_PERIODICALLY = tuple(map(int, kombu.__version__.split(".")[:2])) >= (5, 7)
 
 INCLUDE = ("tests.support.tasks_policies",)
 
@@ -195,7 +191,6 @@ def test_exhausted_retries_fail_with_the_original_exception(
 def test_sigkill_while_tasks_wait_loses_none(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:
-    ns = cluster.ns
     cluster.configure(
         include=INCLUDE,
         broker_transport_options={  # Redis: give a dead worker's messages back after 8 s
@@ -213,16 +208,7 @@ def test_sigkill_while_tasks_wait_loses_none(
     waited = stats[w1.hostname]["extras_policies"]
     assert waited["held"] + waited["parked"] > 0  # tasks were waiting when it died
 
-    if cluster.broker.startswith("redis") and not KOMBU_RESTORES_PERIODICALLY:
-        # kombu < 5.7 has no unacked_restore_interval: a worker restores a dead one's unacked
-        # messages when it starts, then every ~100 s. Start w2 once they are all due.
-        index = redis.Redis.from_url(cluster.broker)
-
-        def all_due() -> bool:
-            delivered = index.zrange(f"{ns}.unacked_index", 0, -1, withscores=True)
-            return all(at < time.time() - 8 - 1 for _, at in delivered)
-
-        wait_for(all_due, timeout=30, interval=0.5, what="w1's unacked messages to be due")
+    wait_until_unacked_due(cluster, visibility_timeout=8)  # w2 restores them as it starts
     cluster.worker("w2", concurrency=2)
     wait_for(
         lambda: {e["id"] for e in journal.entries()} >= set(ids),
