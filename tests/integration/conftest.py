@@ -194,7 +194,18 @@ def restartable_cluster(kind: str, ns: str, workdir: Path) -> Iterator[tuple[Clu
 KOMBU_RESTORES_PERIODICALLY = tuple(map(int, kombu.__version__.split(".")[:2])) >= (5, 7)
 
 
-def wait_until_unacked_due(cluster: Cluster, visibility_timeout: float) -> bool:
+#: Transport options of the SIGKILL tests: Redis gives a dead worker's messages back after
+#: 8 s (the unacked_* keys are namespaced by make_app).
+RESTORE_AFTER_8S = {
+    "visibility_timeout": 8,
+    "unacked_restore_interval": 1,
+    "unacked_restore_throttle": 1,
+}
+
+
+def wait_until_unacked_due(
+    cluster: Cluster, visibility_timeout: float = RESTORE_AFTER_8S["visibility_timeout"]
+) -> bool:
     """On a Redis broker with kombu < 5.7, wait until a dead worker's unacked messages are
     past *visibility_timeout*, so that a worker started now restores them all; say whether
     it waited (a worker must then be started for them)."""

@@ -13,11 +13,15 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tests.integration.conftest import Cluster, also_on_redis_cluster, wait_until_unacked_due
+from tests.integration.conftest import (
+    RESTORE_AFTER_8S,
+    Cluster,
+    also_on_redis_cluster,
+    wait_until_unacked_due,
+)
 from tests.support import proj
 from tests.support.journal import Journal
 from tests.support.workers import ROOT, WorkerProcess, wait_for
-
 
 INCLUDE = ("tests.support.tasks_concurrency",)
 GLOBAL2 = "tests.concurrency.global2"
@@ -123,11 +127,7 @@ def test_sigkill_of_the_holder_returns_its_slots_after_the_lease(
 ) -> None:
     cluster.configure(
         include=INCLUDE,
-        broker_transport_options={  # Redis: give a dead worker's messages back after 8 s
-            "visibility_timeout": 8,  # (the unacked_* keys are namespaced by make_app)
-            "unacked_restore_interval": 1,
-            "unacked_restore_throttle": 1,
-        },
+        broker_transport_options=dict(RESTORE_AFTER_8S),
     )
     name, lease = "tests.concurrency.crash2", 3.0
     w1 = cluster.worker("w1", concurrency=3)
@@ -144,7 +144,7 @@ def test_sigkill_of_the_holder_returns_its_slots_after_the_lease(
     w1.kill()
     journal.raise_flag("go")  # the blocked runs, delivered again, now finish
 
-    if wait_until_unacked_due(cluster, visibility_timeout=8):
+    if wait_until_unacked_due(cluster):
         cluster.worker("w3", concurrency=3)  # kombu < 5.7 restores them as a worker starts
     everything = {"block", *range(6)}
     wait_for(lambda: {e["tag"] for e in ends(journal, name)} >= everything, timeout=90,

@@ -19,11 +19,15 @@ import pytest
 
 from celery_extras.policies import retry_memory
 from celery_extras.policies.control import set_limit
-from tests.integration.conftest import Cluster, also_on_redis_cluster, wait_until_unacked_due
+from tests.integration.conftest import (
+    RESTORE_AFTER_8S,
+    Cluster,
+    also_on_redis_cluster,
+    wait_until_unacked_due,
+)
 from tests.support import proj, tasks_policies
 from tests.support.journal import Journal
 from tests.support.workers import ROOT, wait_for
-
 
 INCLUDE = ("tests.support.tasks_policies",)
 
@@ -193,11 +197,7 @@ def test_sigkill_while_tasks_wait_loses_none(
 ) -> None:
     cluster.configure(
         include=INCLUDE,
-        broker_transport_options={  # Redis: give a dead worker's messages back after 8 s
-            "visibility_timeout": 8,  # (the unacked_* keys are namespaced by make_app)
-            "unacked_restore_interval": 1,
-            "unacked_restore_throttle": 1,
-        },
+        broker_transport_options=dict(RESTORE_AFTER_8S),
     )
     ids = [send(name, i).id for i in range(10) for name in
            ("tests.policies.kill_early", "tests.policies.kill_late")]  # fmt: skip
@@ -208,7 +208,7 @@ def test_sigkill_while_tasks_wait_loses_none(
     waited = stats[w1.hostname]["extras_policies"]
     assert waited["held"] + waited["parked"] > 0  # tasks were waiting when it died
 
-    wait_until_unacked_due(cluster, visibility_timeout=8)  # w2 restores them as it starts
+    wait_until_unacked_due(cluster)  # w2 restores them as it starts
     cluster.worker("w2", concurrency=2)
     wait_for(
         lambda: {e["id"] for e in journal.entries()} >= set(ids),
