@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ __all__ = [
     "check_worker",
     "drop_acks",
     "forget_held",
-    "limited_set_items",
+    "limited_set_newest",
     "missing",
     "narrow_prefetch",
     "pool_poll_start",
@@ -444,10 +445,18 @@ def narrow_prefetch(consumer: ConsumerLike) -> None:
 # -- collections, proxies, apps ----------------------------------------------------------------
 
 
-def limited_set_items(limited: Any) -> list[Any]:
-    """The items of a ``LimitedSet``, oldest first (its dict, else its own sorted iteration)."""
+def limited_set_newest(limited: Any, limit: int) -> list[Any]:
+    """The *limit* items of a ``LimitedSet`` added last, oldest first.
+
+    Read from the end of its dict (nothing else is copied); without it, from the
+    set's own (sorted) iteration.
+    """
     data = getattr(limited, "_data", None)
-    return list(data) if isinstance(data, Mapping) else list(limited)
+    if not isinstance(data, Mapping):
+        return list(limited)[-limit:] if limit > 0 else []
+    newest = list(itertools.islice(reversed(data), max(limit, 0)))
+    newest.reverse()
+    return newest
 
 
 def promise_proxy_parts(proxy: Any) -> tuple[tuple[Any, ...], Mapping[str, Any]]:

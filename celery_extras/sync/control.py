@@ -3,8 +3,9 @@
 ``extras_sync_hello`` answers a starting neighbour (its clock merged, ours and a
 bounded list of our revokes sent back); ``extras_revoked`` lists what a worker
 holds. Both reply with JSON-safe data only and validate their arguments.
-Celery's own ``revoke`` is wrapped to read :data:`STORED_UNTIL`, the mark a storing
-client puts on its broadcast, so the worker never writes those ids back.
+Celery's own ``revoke`` is wrapped to note the ids it adds, so the worker writes them to
+the store, unless :data:`STORED_UNTIL`, the mark a storing client puts on its
+broadcast, says the store has them.
 """
 
 from __future__ import annotations
@@ -67,29 +68,30 @@ def _syncer(state: Any) -> Syncer | None:
     return getattr(state.consumer, SYNCER_ATTR, None)
 
 
-def _noting_stored(revoke: Callable[..., Any]) -> Callable[..., Any]:
-    """Celery's ``revoke`` command, which then marks the ids a client stored as stored.
+def _noting_revoked(revoke: Callable[..., Any]) -> Callable[..., Any]:
+    """Celery's ``revoke`` command, which then notes the ids the store does not hold yet.
 
-    Without the mark, a broadcast that outruns the next pull (or ids the bounded
-    store has already evicted) would be written back by every worker.
+    Ids a storing client marked as stored are not written back: without the mark, a
+    broadcast that outruns the next pull (or ids the bounded store has already
+    evicted) would be written back by every worker.
     """
 
     @functools.wraps(revoke)
-    def noting_stored(state: Any, *args: Any, **kwargs: Any) -> Any:
+    def noting_revoked(state: Any, *args: Any, **kwargs: Any) -> Any:
         stored_until = kwargs.pop(STORED_UNTIL, None)
         reply = revoke(state, *args, **kwargs)
         syncer = _syncer(state)
-        if syncer is not None and stored_until is not None:
+        if syncer is not None:
             task_ids = args[0] if args else kwargs.get("task_id")
-            syncer.revokes.note_stored(task_ids, stored_until)
+            syncer.revokes.note_revoked(task_ids, stored_until)
         return reply
 
-    noting_stored.extras_noting_stored = True  # type: ignore[attr-defined]
-    return noting_stored
+    noting_revoked.extras_noting_revoked = True  # type: ignore[attr-defined]
+    return noting_revoked
 
 
-if not getattr(Panel.data["revoke"], "extras_noting_stored", False):
-    Panel.data["revoke"] = _noting_stored(Panel.data["revoke"])
+if not getattr(Panel.data["revoke"], "extras_noting_revoked", False):
+    Panel.data["revoke"] = _noting_revoked(Panel.data["revoke"])
 
 
 def extras_sync_hello(

@@ -52,6 +52,16 @@ class Parsed:
         if len(self.examples) < 3:
             self.examples.append(shown(what))
 
+    def update(self, other: Parsed) -> None:
+        """Add what *other* kept (its values win) and dropped."""
+        self.kept.update(other.kept)
+        self.add_drops(other)
+
+    def add_drops(self, other: Parsed) -> None:
+        """Count what *other* dropped (not what it kept)."""
+        self.dropped += other.dropped
+        self.examples = (self.examples + other.examples)[:3]
+
 
 def valid_id(value: object) -> bool:
     """A task id: a non-empty string of at most :data:`MAX_ID_LENGTH` characters."""

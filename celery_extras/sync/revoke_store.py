@@ -64,8 +64,17 @@ local seq_raw = redis.call('GET', KEYS[4])
 local epoch_raw = redis.call('GET', KEYS[6])
 if (seq_raw and not counter(seq_raw)) or (epoch_raw and string.len(epoch_raw) > 64) then
   -- garbage where the counter or the epoch should be: start a new epoch, so every
-  -- worker reads the whole shard again instead of trusting its cursor
-  redis.call('SET', KEYS[4], '0')
+  -- worker reads the whole shard again instead of trusting its cursor, and log every
+  -- entry afresh (a whole read is a read of the log from 0)
+  redis.call('DEL', KEYS[3])
+  local seq = 0
+  for _, part in ipairs({{KEYS[1], 'i:'}, {KEYS[2], 's:'}}) do
+    for _, member in ipairs(redis.call('ZRANGE', part[1], 0, -1)) do
+      seq = seq + 1
+      redis.call('ZADD', KEYS[3], seq, part[2] .. member)
+    end
+  end
+  redis.call('SET', KEYS[4], seq)
   redis.call('SET', KEYS[6], ARGV[4])
 end
 redis.call('SET', KEYS[6], ARGV[4], 'NX')
@@ -126,20 +135,18 @@ return {redis.call('GET', KEYS[6]), redis.call('GET', KEYS[4]) or '0', merge_clo
 """
 )
 
-# ARGV: now max clock new_epoch after_seq
+# ARGV: now max clock new_epoch after_seq limit
+# -> epoch, seq, clock, the seq read up to, JSON [ids, stamps] (flat member/expiry lists)
 _PULL = (
     _COMMON
     + """
 local out = {redis.call('GET', KEYS[6]), redis.call('GET', KEYS[4]) or '0', merge_clock()}
-if tonumber(ARGV[5]) < 0 then
-  table.insert(out, cjson.encode({
-    redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES'),
-    redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. ARGV[1], '+inf', 'WITHSCORES')}))
-  return out
-end
+local limit = tonumber(ARGV[6])
+local changed = redis.call(
+  'ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[5], '+inf', 'WITHSCORES', 'LIMIT', 0, limit)
 local ids, stamps = {}, {}
-local changed = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[5], '+inf')
-for _, tagged in ipairs(changed) do
+for j = 1, #changed, 2 do
+  local tagged = changed[j]
   local member = string.sub(tagged, 3)
   local key, into = KEYS[1], ids
   if string.sub(tagged, 1, 2) == 's:' then key, into = KEYS[2], stamps end
@@ -149,15 +156,25 @@ for _, tagged in ipairs(changed) do
     table.insert(into, expiry)
   end
 end
+if #changed < 2 * limit then
+  table.insert(out, out[2])  -- every change read
+else
+  table.insert(out, changed[#changed])
+end
 table.insert(out, cjson.encode({ids, stamps}))
 return out
 """
 )
 
+#: Most changes one pull script returns: a worker holds one page of a pull at a time,
+#: so catching up with a full store costs it a page's memory, not the store's.
+PULL_PAGE = 2000
+
 
 @dataclass
 class Snapshot:
-    """What a pull returned: the store's version and clock, and the valid entries read."""
+    """What a pull returned: the version read up to and the store's clock, and the valid
+    entries read (a page's version is its shard's: the cursor to read on from)."""
 
     version: Version
     clock: int
@@ -239,50 +256,53 @@ class RevokeStore:
 
         A cursor of another shape than the store's (written by another version) reads all.
         """
-        now = self.wall_clock()
-        shard_after = [-1] * SHARDS
+        shard_after = [0] * SHARDS
         if after is not None and len(after.shards) == SHARDS:
             shard_after = [shard.seq for shard in after.shards]
-        id_pairs: list[Any] = []
-        stamp_pairs: list[Any] = []
-        versions, clocks = [], []
-        for keys, since in zip(self.shard_keys, shard_after, strict=True):
-            epoch, seq, stored_clock, entries = self._pull(
-                keys=keys, args=[*self._argv(clock), since]
-            )
-            versions.append(Version(str(epoch), int(seq)))
-            clocks.append(int(stored_clock))
-            ids, stamps = _decode_entries(entries)
-            id_pairs += zip(ids[::2], ids[1::2], strict=True)
-            stamp_pairs += zip(stamps[::2], stamps[1::2], strict=True)
-        if after is None:
-            legacy_ids, legacy_stamps, legacy_clock = self._legacy(now)
-            id_pairs = legacy_ids + id_pairs  # the shards' later expiries win
-            stamp_pairs = legacy_stamps + stamp_pairs
-            clocks.append(legacy_clock)
-        return Snapshot(
-            Version.of_shards(versions),
-            max(clocks),
-            parse_expiring(id_pairs, now),
-            parse_expiring(
-                [(parse_stamp_member(m) or m, e) for m, e in stamp_pairs], now, stamps=True
-            ),
-        )
+        pages = [self.legacy()] if after is None else []
+        versions = []
+        for n, since in enumerate(shard_after):
+            pages += self.pages(n, since, clock)
+            versions.append(pages[-1].version)
+        ids, stamps = Parsed(), Parsed()
+        for page in pages:  # in order: the shards' later expiries win over the legacy keys'
+            ids.update(page.ids)
+            stamps.update(page.stamps)
+        return Snapshot(Version.of_shards(versions), max(p.clock for p in pages), ids, stamps)
 
-    def _legacy(self, now: float) -> tuple[list[Any], list[Any], int]:
+    def pages(self, shard: int, after: int = 0, clock: int = 0) -> Iterator[Snapshot]:
+        """The entries of *shard* changed after its seq *after* (0: all), a page at a time.
+
+        Each page's version is the shard's epoch and the seq read up to; the last page's
+        is the shard's seq, so it is the cursor to compare with the next probe.
+        """
+        keys = self.shard_keys[shard]
+        while True:
+            argv = [*self._argv(clock), after, PULL_PAGE]
+            epoch, seq, stored_clock, upto, entries = self._pull(keys=keys, args=argv)
+            after = int(float(upto))
+            ids, stamps = _decode_entries(entries)
+            yield _snapshot(
+                Version(str(epoch), after), int(stored_clock), ids, stamps, self.wall_clock()
+            )
+            if after >= int(seq):
+                return
+
+    def legacy(self) -> Snapshot:
         """What the previous, unsharded layout holds (read-only: single-key commands)."""
+        now = self.wall_clock()
         pipe = self.client.pipeline(transaction=False)
         pipe.zrangebyscore(self.legacy_keys["revoked"], f"({now!r}", "+inf", withscores=True)
         pipe.zrangebyscore(self.legacy_keys["stamps"], f"({now!r}", "+inf", withscores=True)
         pipe.get(self.legacy_keys["clock"])
-        ids, stamps, clock = pipe.execute()
+        ids, stamps, stored_clock = pipe.execute()
         try:
-            legacy_clock = int(clock or 0)
+            legacy_clock = int(stored_clock or 0)
         except ValueError:
             legacy_clock = 0
-        if not valid_clock(legacy_clock):
-            legacy_clock = 0
-        return list(ids), list(stamps), legacy_clock
+        flat = [[x for pair in pairs for x in pair] for pairs in (ids, stamps)]
+        clock = legacy_clock if valid_clock(legacy_clock) else 0
+        return _snapshot(Version("", 0), clock, flat[0], flat[1], now)
 
     def counts(self) -> dict[str, int]:
         """How many ids and stamps the store holds, and its change counter (all shards)."""
@@ -319,6 +339,19 @@ class RevokeStore:
 def shard_of(member: str) -> int:
     """The shard of an id, or of a stamp's stored member (stable across versions and hosts)."""
     return zlib.crc32(member.encode("utf-8", "surrogatepass")) % SHARDS
+
+
+def _snapshot(
+    version: Version, clock: int, ids: list[Any], stamps: list[Any], now: float
+) -> Snapshot:
+    """A snapshot of flat ``[member, expiry, ...]`` lists, validated (expired entries skipped)."""
+    stamp_pairs = zip(stamps[::2], stamps[1::2], strict=True)
+    return Snapshot(
+        version,
+        clock,
+        parse_expiring(zip(ids[::2], ids[1::2], strict=True), now),
+        parse_expiring([(parse_stamp_member(m) or m, e) for m, e in stamp_pairs], now, stamps=True),
+    )
 
 
 def _decode_entries(text: str) -> tuple[list[Any], list[Any]]:

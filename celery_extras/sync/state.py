@@ -4,32 +4,34 @@ An id that arrives with an expiry (from the store) is stamped so that Celery's
 :class:`~celery.utils.collections.LimitedSet` expires it at that very time; an id
 without one (from a neighbour) gets the set's own expiry, as Celery's Mingle does.
 Stamps have no expiry in Celery; the ones merged here are removed when theirs
-passes. What the worker holds beyond what the store is known to hold is what it
-learnt from a broadcast alone: :meth:`WorkerRevokes.unstored` hands it back so it
-can be written to the store. Runs in the consumer's thread only.
+passes. What the worker learns other than from the store (a ``revoke`` broadcast
+without a client's "stored" mark, a neighbour's reply) waits in
+:attr:`WorkerRevokes.unstored_ids` until :meth:`WorkerRevokes.unstored` hands it
+back to be written to the store. Nothing is kept per id beside Celery's own set:
+an id's expiry is read back from the set's own insertion time. Runs in the
+consumer's thread only.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..bounds import MAX_WAIT
-from ..compat import limited_set_items
+from ..compat import limited_set_newest
 from .entries import MAX_ID_LENGTH, Stamp, expiry_of, valid_id, valid_stamp
 
-__all__ = ["KNOWN_GRACE", "WorkerRevokes"]
+__all__ = ["KNOWN_GRACE", "WorkerRevokes", "trim_oldest"]
 
-#: Seconds an entry stays "known to be stored" after its expiry, so clock skew
+#: Seconds a stamp stays "known to be stored" after its expiry, so clock skew
 #: between Redis and this host never makes an expired revoke look new again.
 KNOWN_GRACE = 60.0
 
 
 class WorkerRevokes:
-    """The worker's revoked ids and stamps, and which of them the store already holds."""
+    """The worker's revoked ids and stamps, and which of them the store does not hold yet."""
 
     def __init__(
         self,
@@ -48,23 +50,32 @@ class WorkerRevokes:
         self.max_entries: int = max_entries or getattr(revoked, "maxlen", None) or 50_000
         self.wall_clock = wall_clock
         self.monotonic = monotonic
-        #: Ids known to be in the store, with their expiry; only those Celery's set still
-        #: holds matter (see :meth:`_bound_known_ids`).
-        self.known_ids: OrderedDict[str, float] = OrderedDict()
+        #: Ids learnt other than from the store, with their expiry, until handed back.
+        self.unstored_ids: dict[str, float] = {}
         self.known_stamps: dict[Stamp, float] = {}
         self.stamp_expiry: dict[Stamp, float] = {}
+        #: Ids that came in (merged or revoked here) since the owner last reset it.
+        self.churn = 0
+
+    @property
+    def life(self) -> float:
+        """Seconds an id lives in Celery's set after its insertion time."""
+        return float(self.revoked.expires or self.default_expires)
 
     def merge_ids(self, ids: Mapping[str, float | None], stored: bool) -> int:
         """Add *ids* (-> expiry, or ``None`` for the set's own); return how many were new.
 
-        *stored* ids come from the store, which therefore need not be told of them.
+        *stored* ids come from the store, which therefore need not be told of them;
+        the others wait in :attr:`unstored_ids`.
         """
-        wall, mono = self.wall_clock(), self.monotonic()
-        life = self.revoked.expires or self.default_expires
+        wall, mono, life = self.wall_clock(), self.monotonic(), self.life
         added = 0
+        self.churn += len(ids)
         for task_id, expires_at in ids.items():
             if stored:
-                self.known_ids[task_id] = expires_at or wall + self.default_expires
+                self.unstored_ids.pop(task_id, None)
+            elif task_id not in self.revoked:
+                self.unstored_ids[task_id] = wall + self.default_expires
             if task_id in self.revoked:
                 continue
             if expires_at is None:
@@ -72,51 +83,31 @@ class WorkerRevokes:
             else:
                 self.revoked.add(task_id, mono + (expires_at - wall) - life)
             added += 1
-        self._bound_known_ids()
+        trim_oldest(self.unstored_ids, self.max_entries)
         return added
 
-    def note_stored(self, task_ids: object, stored_until: object) -> int:
-        """Mark *task_ids* as held by the store until *stored_until* (a Unix time), as a
-        storing client says on its broadcast; return how many were marked.
+    def note_revoked(self, task_ids: object, stored_until: object = None) -> int:
+        """Note ids Celery's ``revoke`` command has just added; return how many wait to be stored.
 
-        A mark that is not a time between now and :data:`~..bounds.MAX_WAIT` ahead, or
-        ids that are not ids, mark nothing: the worker then writes them back as usual.
+        A storing client marks its broadcast with *stored_until*, the Unix time until
+        which the store holds the ids: those need no writing back. A mark that is not a
+        time between now and :data:`~..bounds.MAX_WAIT` ahead counts as no mark.
         """
         now = self.wall_clock()
-        until = expiry_of(stored_until)
-        if until is None or not now < until <= now + MAX_WAIT:
-            return 0
         ids = [task_ids] if isinstance(task_ids, str) else task_ids
         if not isinstance(ids, list | tuple | set | frozenset):
             return 0
-        marked = 0
+        self.churn += len(ids)
+        until = expiry_of(stored_until)
+        if until is not None and now < until <= now + MAX_WAIT:
+            return 0
+        noted = 0
         for task_id in ids:
-            if valid_id(task_id):
-                self.known_ids[task_id] = until
-                marked += 1
-        self._bound_known_ids()
-        return marked
-
-    def _bound_known_ids(self) -> None:
-        """Keep at most :attr:`max_entries` known ids, forgetting first those Celery's set
-        no longer holds (they can never be handed back).
-
-        Celery's set evicts by time and this dict is in insertion order, so trimming the
-        oldest here would forget ids the set still holds, and hand them back to a store
-        that has them. Oldest first, an id gone from the set is dropped and one still
-        held moves to the end (a second chance): each call's work is what it frees.
-        """
-        extra = len(self.known_ids) - self.max_entries
-        for _ in range(len(self.known_ids) if extra > 0 else 0):
-            task_id = next(iter(self.known_ids))
-            if task_id in self.revoked:
-                self.known_ids.move_to_end(task_id)
-                continue
-            del self.known_ids[task_id]
-            extra -= 1
-            if extra == 0:
-                return
-        _trim_oldest(self.known_ids, self.max_entries)  # the set holds more than max_entries
+            if valid_id(task_id) and task_id in self.revoked:
+                self.unstored_ids[task_id] = now + self.default_expires
+                noted += 1
+        trim_oldest(self.unstored_ids, self.max_entries)
+        return noted
 
     def merge_stamps(self, stamps: Mapping[Stamp, float | None], stored: bool) -> int:
         """Add stamped-header revokes; return how many were new."""
@@ -139,7 +130,7 @@ class WorkerRevokes:
                 expiry, self.stamp_expiry.get((header, value), 0)
             )
             added += 1
-        _trim_oldest(self.known_stamps, self.max_entries)
+        trim_oldest(self.known_stamps, self.max_entries)
         self._evict_stamps()
         return added
 
@@ -154,15 +145,13 @@ class WorkerRevokes:
             self._remove_stamp(*stamp)
 
     def expire(self) -> None:
-        """Drop expired ids and the expired stamps merged here; forget long-expired known ones."""
+        """Drop expired ids and the expired stamps merged here; forget long-expired known stamps."""
         self.revoked.purge(now=self.monotonic())
         now = self.wall_clock()
         for stamp, expiry in list(self.stamp_expiry.items()):
             if expiry <= now:
                 del self.stamp_expiry[stamp]
                 self._remove_stamp(*stamp)
-        for task_id in [k for k, e in self.known_ids.items() if e + KNOWN_GRACE < now]:
-            del self.known_ids[task_id]
         for stamp in [k for k, e in self.known_stamps.items() if e + KNOWN_GRACE < now]:
             del self.known_stamps[stamp]
 
@@ -182,44 +171,59 @@ class WorkerRevokes:
                 if valid_stamp(header, value):
                     yield (header, value)
 
+    def adopt_held(self) -> int:
+        """Note every id Celery's set holds now as waiting to be stored; return how many.
+
+        At a worker's first load the set holds only what Celery itself loaded (a
+        ``--statedb`` file): those are written to the store too, but for the ones the
+        store turns out to hold.
+        """
+        ids, _ = self.held()
+        self.unstored_ids.update(ids)
+        trim_oldest(self.unstored_ids, self.max_entries)
+        return len(ids)
+
     def unstored(self) -> tuple[dict[str, float], dict[Stamp, float]]:
         """Ids and stamps held here but not known to be in the store, with an expiry each.
 
-        They are marked as stored at once (the caller writes them, and retries
-        on its own when that fails).
+        They are handed back once (the caller writes them, and retries on its own
+        when that fails).
         """
         self.expire()
         now = self.wall_clock()
-        ids = {
-            task_id: now + self.default_expires
-            for task_id in limited_set_items(self.revoked)
-            if task_id not in self.known_ids and valid_id(task_id)
-        }
+        ids = {i: e for i, e in self.unstored_ids.items() if i in self.revoked}
+        self.unstored_ids = {}
         stamps = {
             stamp: self.stamp_expiry.get(stamp, now + self.default_expires)
             for stamp in self.local_stamps()
             if stamp not in self.known_stamps
         }
-        self.known_ids.update(ids)
         self.known_stamps.update(stamps)
-        self._bound_known_ids()
-        _trim_oldest(self.known_stamps, self.max_entries)
+        trim_oldest(self.known_stamps, self.max_entries)
         return ids, stamps
 
-    def stored(self) -> tuple[dict[str, float], dict[Stamp, float]]:
-        """The unexpired ids and stamps known to be in the store, with their expiry."""
-        now = self.wall_clock()
-        ids = {i: e for i, e in self.known_ids.items() if e > now and i in self.revoked}
+    def held(self) -> tuple[dict[str, float], dict[Stamp, float]]:
+        """Every unexpired id and stamp held here, with its expiry: what the store should hold.
+
+        An id's expiry is read back from its insertion time in Celery's set (for an id
+        merged from the store, that is the store's own expiry).
+        """
+        now, mono, life = self.wall_clock(), self.monotonic(), self.life
+        ids = {}
+        for task_id, inserted in self.revoked.as_dict().items():
+            expires_at = now + (inserted + life - mono)
+            if expires_at > now and valid_id(task_id):
+                ids[task_id] = expires_at
         stamps = {s: e for s, e in self.known_stamps.items() if e > now}
         return ids, stamps
 
     def newest_ids(self, limit: int) -> list[str]:
         """Up to *limit* ids, the most recently added last (oldest evicted first on merge)."""
-        ids = [i for i in limited_set_items(self.revoked)[-limit:] if isinstance(i, str)]
-        return [i for i in ids if len(i) <= MAX_ID_LENGTH]
+        ids = limited_set_newest(self.revoked, limit)
+        return [i for i in ids if isinstance(i, str) and len(i) <= MAX_ID_LENGTH]
 
 
-def _trim_oldest(entries: dict[Any, float], limit: int) -> None:
+def trim_oldest(entries: dict[Any, float], limit: int) -> None:
     """Drop the entries first inserted until at most *limit* remain."""
     extra = len(entries) - limit
     if extra > 0:

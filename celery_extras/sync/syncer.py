@@ -5,10 +5,13 @@ worker consumes anything: a revoke sent while no worker ran is honoured from
 the first message on. Everything after runs on a background thread, so the
 worker's readiness and its event loop never wait on the network: the thread
 says hello to the live neighbours (merging their replies as they arrive) and
-then, every ``extras_sync_interval``, compares the store's version with its
+then, every ``extras_sync_interval``, compares each shard's version with its
 cursor, pulls only the changes, and writes back the revokes the worker learnt
 from a broadcast alone. Results are queued and merged by :meth:`Syncer.drain`
 in the consumer's thread, the only one that touches Celery's worker state.
+Pulls come a page at a time, and the thread waits for each page to be merged
+before it reads the next: catching up with a full store costs the worker one
+page's memory, not the store's (the allocator keeps what a pull once took).
 """
 
 from __future__ import annotations
@@ -24,16 +27,20 @@ from celery import Celery
 from celery.utils.log import get_logger
 
 from ..bounds import shown
+from ..memory import malloc_trim
 from ..outage import store_text
 from ..store import StoreUnavailable, redis_client, store_key
 from .digest import Pull, Version, plan_pull
 from .entries import Parsed, Stamp, parse_ids, parse_stamps, valid_clock
-from .revoke_store import RevokeStore, Snapshot
-from .state import WorkerRevokes
+from .revoke_store import SHARDS, RevokeStore, Snapshot
+from .state import WorkerRevokes, trim_oldest
 
 __all__ = ["HELLO", "Syncer"]
 
 logger = get_logger(__name__)
+
+#: Ids merged or revoked since the last trim that make the worker hand freed memory back.
+TRIM_CHURN = 10_000
 
 #: The control command a starting worker broadcasts to its neighbours.
 HELLO = "extras_sync_hello"
@@ -57,13 +64,15 @@ class Syncer:
             self.store = RevokeStore(redis_client(app), store_key(app), settings["revoke_max"])
         except StoreUnavailable as exc:
             self.store_error = str(exc)
-        self.cursor: Version | None = None
+        #: Per shard, the version read up to (``None``: never read).
+        self.shard_cursors: list[Version | None] = [None] * SHARDS
         self.inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.pending_ids: dict[str, float] = {}
         self.pending_stamps: dict[Stamp, float] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self._unmerged = threading.Event()  # a pull is queued, not merged yet
+        self._merged = threading.Event()  # the page last queued is merged
+        self._merged.set()
         self.threads: list[threading.Thread] = []
         self.stats: dict[str, Any] = {
             "loaded": 0,
@@ -73,6 +82,7 @@ class Syncer:
             "pushed": 0,
             "neighbours": [],
             "dropped": 0,
+            "trims": 0,
             "last_sync": None,
         }
         #: ``ok``, ``down`` (cannot reach it) or ``error`` (it answered with an error, or
@@ -88,24 +98,78 @@ class Syncer:
             logger.warning("celery-extras sync: no durable revokes: %s", self.store_error)
             return
         self.drain()  # merges a restarted consumer's thread left queued
+        if self.stats["last_sync"] is None:  # what Celery loaded itself (--statedb) is shared
+            self.revokes.adopt_held()
         started = time.monotonic()
-        cursor = self.cursor  # set when the consumer restarts (e.g. after a lost connection)
-        try:
-            snapshot = self.store.pull(cursor, self.app.clock.value)
-            if cursor is not None and plan_pull(cursor, snapshot.version) is Pull.EVERYTHING:
-                snapshot = self.store.pull(None, clock=self.app.clock.value)
-                self._restore()
+        loaded = [0, 0]
+
+        def merge(page: Snapshot) -> bool:
+            self._apply(page)
+            loaded[0] += len(page.ids.kept)
+            loaded[1] += len(page.stamps.kept)
+            return True
+
+        try:  # the cursors are set when the consumer restarts (e.g. after a lost connection)
+            self._catch_up(merge, self._restore)
         except Exception as exc:  # whatever the store holds, the worker starts
             self._store_failed(exc, starting=True)
             return
-        self._apply(snapshot)
         self.stats["last_sync"] = time.time()
-        self.stats["loaded"] = len(snapshot.ids.kept) + len(snapshot.stamps.kept)
+        self.stats["loaded"] = sum(loaded)
         self.stats["load_seconds"] = round(time.monotonic() - started, 4)
         logger.info(
             "celery-extras sync: %d revoked ids and %d stamps loaded from the store in %.3f s",
-            len(snapshot.ids.kept), len(snapshot.stamps.kept), self.stats["load_seconds"],
+            loaded[0], loaded[1], self.stats["load_seconds"],
         )  # fmt: skip
+
+    @property
+    def cursor(self) -> Version | None:
+        """Where this worker has read the store up to (``None`` until it has read every shard)."""
+        if any(shard is None for shard in self.shard_cursors):
+            return None
+        return Version.of_shards([shard for shard in self.shard_cursors if shard is not None])
+
+    def _catch_up(self, take: Callable[[Snapshot], bool], lost: Callable[[], None]) -> None:
+        """Read each shard's changes after its cursor, a page at a time, handing each page
+        to *take* (which returns ``False`` to stop for now); call *lost* when the store went
+        back (a failover, a flush), so what it lost is written again. Malformed entries are
+        logged once for the whole read."""
+        assert self.store is not None
+        version, store_clock = self.store.probe(self.app.clock.value)
+        self.app.clock.adjust(store_clock)
+        drops = Parsed()
+
+        def counted(page: Snapshot) -> bool:
+            drops.add_drops(page.ids)
+            drops.add_drops(page.stamps)
+            return take(page)
+
+        try:
+            first = all(shard is None for shard in self.shard_cursors)
+            if first and not counted(self.store.legacy()):  # the previous layout's, read once
+                return
+            went_back = False
+            for n, theirs in enumerate(version.shards):
+                mine = self.shard_cursors[n]
+                plan = plan_pull(mine, theirs)
+                if plan is Pull.NOTHING:
+                    continue
+                went_back = went_back or (plan is Pull.EVERYTHING and mine is not None)
+                after = mine.seq if mine is not None and plan is Pull.CHANGES else 0
+                if not self._read_shard(n, after, counted):
+                    break
+            if went_back:
+                lost()
+        finally:
+            self._note_dropped("store", drops)
+
+    def _read_shard(self, n: int, after: int, take: Callable[[Snapshot], bool]) -> bool:
+        assert self.store is not None
+        for page in self.store.pages(n, after, clock=self.app.clock.value):
+            self.shard_cursors[n] = page.version
+            if not take(page):
+                return False
+        return True
 
     def drain(self) -> None:
         """Apply what the background thread queued (store pulls, neighbour replies)."""
@@ -127,10 +191,15 @@ class Syncer:
         except Exception:  # a timer of the consumer: log, and try again next time
             logger.exception("celery-extras sync: collecting unstored revokes failed")
             return
+        if self.revokes.churn >= TRIM_CHURN:  # see ..memory: a burst's pages go back
+            self.revokes.churn = 0
+            self.stats["trims"] += malloc_trim()
         if ids or stamps:
-            with self.lock:
+            with self.lock:  # bounded like the revoked set, through an outage too
                 self.pending_ids.update(ids)
                 self.pending_stamps.update(stamps)
+                trim_oldest(self.pending_ids, self.revokes.max_entries)
+                trim_oldest(self.pending_stamps, self.revokes.max_entries)
 
     def start(self) -> None:
         """Start the background threads: the hello, and the periodic anti-entropy."""
@@ -149,17 +218,17 @@ class Syncer:
                 thread.join(timeout=self.hello_timeout + 3.0)
         self.threads = []
 
-    def _merge_pulled(self, snapshot: Snapshot) -> None:
-        self._unmerged.clear()
-        self._apply(snapshot, cursor=False)
-
-    def _apply(self, snapshot: Snapshot, cursor: bool = True) -> None:
-        self.app.clock.adjust(snapshot.clock)
+    def _apply(self, snapshot: Snapshot) -> None:
+        if snapshot.clock > self.app.clock.value:  # one tick per newer clock, not per page
+            self.app.clock.adjust(snapshot.clock)
         self.revokes.merge_ids(snapshot.ids.kept, stored=True)
         self.revokes.merge_stamps(snapshot.stamps.kept, stored=True)
-        if cursor:
-            self.cursor = snapshot.version
-        self._note_dropped("store", snapshot.ids, snapshot.stamps)
+
+    def _merge_page(self, page: Snapshot) -> None:
+        try:
+            self._apply(page)
+        finally:
+            self._merged.set()
 
     def _note_dropped(self, source: str, *parsed: Parsed) -> None:
         dropped = sum(p.dropped for p in parsed)
@@ -181,34 +250,13 @@ class Syncer:
                 logger.exception("celery-extras sync: anti-entropy round failed; carrying on")
 
     def cycle(self) -> None:
-        """One anti-entropy round: push what only we hold, compare versions, pull the changes."""
+        """One anti-entropy round: pull the changes, page by page, then push what only we hold."""
         if self.store is None:
             return
         try:
-            version, store_clock = self.store.probe(self.app.clock.value)
-            self.app.clock.adjust(store_clock)
-            plan = plan_pull(self.cursor, version)
-            if plan is Pull.EVERYTHING and self.cursor is not None:
-                self.inbox.put(self._restore)  # the store lost changes: a failover, a flush
-            pulled: Snapshot | None = None
-            if plan is not Pull.NOTHING and not self._unmerged.is_set():
-                after = None if plan is Pull.EVERYTHING else self.cursor
-                pulled = snapshot = self.store.pull(after, clock=self.app.clock.value)
-                self.stats["pulls"] += 1
-                self.stats["pulled"] += len(snapshot.ids.kept) + len(snapshot.stamps.kept)
-                # the thread moves the cursor itself: a busy consumer that has not merged
-                # this yet must not make the next round pull (and queue) it all again
-                # (and at most one pull waits to be merged: a busy consumer does not pile
-                # them up in memory; the next round pulls what came meanwhile)
-                self.cursor = snapshot.version
-                self._unmerged.set()
-                self.inbox.put(lambda: self._merge_pulled(snapshot))
+            if self._merged.is_set():  # else the consumer is busy: it merges, we pull next round
+                self._catch_up(self._hand_over, lambda: self.inbox.put(self._restore))
             with self.lock:
-                if pulled is not None:  # the store has these already: no write amplification
-                    for task_id in pulled.ids.kept:
-                        self.pending_ids.pop(task_id, None)
-                    for stamp in pulled.stamps.kept:
-                        self.pending_stamps.pop(stamp, None)
                 ids, stamps = dict(self.pending_ids), dict(self.pending_stamps)
             if ids or stamps:
                 self.store.add(ids, stamps, clock=self.app.clock.value)
@@ -227,6 +275,24 @@ class Syncer:
             self.inbox.put(self._restore)
             logger.warning("celery-extras sync: the revoke store is reachable again; catching up")
 
+    def _hand_over(self, page: Snapshot) -> bool:
+        """Queue *page* for the consumer; wait until it is merged (``False``: not in time).
+
+        The store has these entries already: they are not pushed (no write amplification).
+        """
+        if not page.ids.kept and not page.stamps.kept and not page.dropped:
+            return True
+        self.stats["pulls"] += 1
+        self.stats["pulled"] += len(page.ids.kept) + len(page.stamps.kept)
+        with self.lock:
+            for task_id in page.ids.kept:
+                self.pending_ids.pop(task_id, None)
+            for stamp in page.stamps.kept:
+                self.pending_stamps.pop(stamp, None)
+        self._merged.clear()
+        self.inbox.put(lambda: self._merge_page(page))
+        return self._merged.wait(max(self.interval, 1.0)) and not self.stopping.is_set()
+
     def _restore(self) -> None:
         """Write again everything this worker knows the store held (consumer thread).
 
@@ -234,7 +300,7 @@ class Syncer:
         last writes the old master acknowledged but had not replicated), the revokes
         it lost come back from the workers that hold them; writes are idempotent.
         """
-        ids, stamps = self.revokes.stored()
+        ids, stamps = self.revokes.held()
         with self.lock:
             for task_id, expiry in ids.items():
                 self.pending_ids.setdefault(task_id, expiry)
@@ -321,7 +387,7 @@ class Syncer:
             "cursor": None if self.cursor is None else self.cursor.seq,
             "clock": self.app.clock.value,
             "revoked": len(self.revokes.revoked),
-            "known": len(self.revokes.known_ids) + len(self.revokes.known_stamps),
+            "unstored": len(self.revokes.unstored_ids) + len(self.pending_ids),
             "stamps": sum(1 for _ in self.revokes.local_stamps()),
             "interval": self.interval,
             **self.stats,

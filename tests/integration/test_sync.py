@@ -29,6 +29,7 @@ from celery_extras.sync.syncer import HELLO
 from tests.integration.conftest import Cluster, also_on_redis_cluster
 from tests.support import proj
 from tests.support.journal import Journal
+from tests.support.revokes import write_raw_entry
 from tests.support.workers import ROOT, WorkerProcess, wait_for
 
 INTERVAL = 1.0
@@ -82,8 +83,8 @@ def test_revokes_sent_while_no_worker_runs_are_honoured(
     app.control.revoke_by_stamped_headers({"batch": [by_stamp]})
     # malformed store contents must be dropped and logged, not crash the worker
     store = store_of(cluster)
-    store.client.zadd(store.shard_keys[0][0], {"x" * 300: time.time() + 600})
-    store.client.zadd(store.shard_keys[1][1], {"not json": time.time() + 600})
+    write_raw_entry(store, 0, "x" * 300, time.time() + 600)
+    write_raw_entry(store, 1, "not json", time.time() + 600, stamp=True)
 
     send("tests.noop", "revoked-by-id", task_id=by_id)
     send("tests.noop", "revoked-by-id-2", task_id=f"rid2-{by_id}")
@@ -112,6 +113,28 @@ def test_plain_celery_runs_a_task_revoked_while_no_worker_ran(
     result = send("tests.noop", "revoked-but-ran", task_id=task_id)
     cluster.worker("plain")
     assert result.get(timeout=60) == "revoked-but-ran"
+
+
+#: Saves a worker state file holding one revoked id, as Celery's ``--statedb`` does at exit.
+SAVE_STATEDB = """
+import sys
+from celery.worker import state
+state.revoked.add(sys.argv[2])
+persistent = state.Persistent(state, sys.argv[1])
+persistent.save()
+persistent.close()
+"""
+
+
+def test_ids_celery_loads_from_its_statedb_are_written_to_the_store(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    cluster.configure(extras_sync_interval=INTERVAL)
+    statedb, saved = tmp_path / "w1.state", f"saved-{uuid.uuid4()}"
+    subprocess.run([sys.executable, "-c", SAVE_STATEDB, str(statedb), saved], check=True)
+    worker = cluster.worker("w1", args=[f"--statedb={statedb}"])
+    wait_for(lambda: in_store(cluster, saved), timeout=30, what="the statedb's id in the store")
+    assert holds(cluster, worker, saved)
 
 
 def test_sigkilled_worker_restarted_honours_every_earlier_revoke(

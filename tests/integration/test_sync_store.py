@@ -16,8 +16,15 @@ from typing import Any
 import pytest
 
 from celery_extras.sync.digest import Pull, plan_pull
-from celery_extras.sync.revoke_store import SHARDS, WRITE_CHUNK, RevokeStore, shard_of
+from celery_extras.sync.revoke_store import (
+    PULL_PAGE,
+    SHARDS,
+    WRITE_CHUNK,
+    RevokeStore,
+    shard_of,
+)
 from tests.support.clock import FakeClock
+from tests.support.revokes import write_raw_entry
 from tests.support.topology import RedisClusterTopology
 
 WALL = 1_800_000_000.0
@@ -113,13 +120,55 @@ def test_concurrent_writers_lose_nothing(client: Any, prefix: str) -> None:
     assert snapshot.version.seq == 4 * 50 + 1  # "shared" changed once, not four times
 
 
+def test_pulls_come_a_page_at_a_time_and_miss_no_change_made_between_pages(
+    client: Any, prefix: str
+) -> None:
+    wall = FakeClock(WALL)
+    store = RevokeStore(client, prefix, max_entries=100_000, wall_clock=wall)
+    ids = [f"p{i}" for i in range(20_000)]  # about 2,500 a shard: two pages each
+    store.add({task_id: wall.now + 60 for task_id in ids})
+    pages = store.pages(0)
+    first = next(pages)
+    assert len(first.ids.kept) == PULL_PAGE
+    # between two pages an entry already read changes, and a new one comes
+    reread = next(iter(first.ids.kept))
+    fresh = next(f"n{i}" for i in range(1000) if shard_of(f"n{i}") == 0)
+    store.add({reread: wall.now + 90, fresh: wall.now + 90})
+    rest = list(pages)
+    read = dict(first.ids.kept)
+    for page in rest:
+        assert 0 < len(page.ids.kept) <= PULL_PAGE
+        read.update(page.ids.kept)
+    assert set(read) == {i for i in ids if shard_of(i) == 0} | {fresh}
+    assert read[reread] == wall.now + 90
+    assert rest[-1].version == store.probe()[0].shards[0]  # the cursor to read on from
+
+
+def test_garbage_in_a_counter_starts_a_new_epoch_with_every_entry_logged_again(
+    client: Any, prefix: str
+) -> None:
+    wall = FakeClock(WALL)
+    store = RevokeStore(client, prefix, max_entries=100_000, wall_clock=wall)
+    ids = {f"g{i}": wall.now + 60 for i in range(3000)}
+    store.add(ids, {("h", "v"): wall.now + 60})
+    before = store.probe()[0]
+    for keys in store.shard_keys:
+        client.set(keys[3], "abc")
+    version, _ = store.probe()
+    assert plan_pull(before, version) is Pull.EVERYTHING
+    assert version.seq == len(ids) + 1  # every entry has a change again
+    everything = store.pull()
+    assert everything.ids.kept == ids and set(everything.stamps.kept) == {("h", "v")}
+
+
 def test_large_writes_are_chunked_and_malformed_contents_dropped(client: Any, prefix: str) -> None:
     wall = FakeClock(WALL)
     store = RevokeStore(client, prefix, max_entries=100_000, wall_clock=wall)
     n = WRITE_CHUNK * 2 + 7
     assert store.add({f"id{i}": wall.now + 60 for i in range(n)}) == n
-    client.zadd(store.shard_keys[3][0], {"x" * 300: wall.now + 60})
-    client.zadd(store.shard_keys[5][1], {'["h"]': wall.now + 60, "{bad": wall.now + 60})
+    write_raw_entry(store, 3, "x" * 300, wall.now + 60)
+    write_raw_entry(store, 5, '["h"]', wall.now + 60, stamp=True)
+    write_raw_entry(store, 5, "{bad", wall.now + 60, stamp=True)
     snapshot = store.pull()
     assert len(snapshot.ids.kept) == n
     assert snapshot.ids.dropped == 1 and snapshot.stamps.dropped == 2

@@ -135,14 +135,17 @@ def test_held_tasks_are_scheduled_where_celery_tracks_them(
     assert scheduled == set()
 
 
-def test_limited_set_items_with_and_without_its_dict() -> None:
+def test_limited_set_newest_with_and_without_its_dict() -> None:
     limited = LimitedSet(maxlen=10)
     for item in ("a", "b", "c"):
         limited.add(item)
-    assert compat.limited_set_items(limited) == ["a", "b", "c"]
+    assert compat.limited_set_newest(limited, 2) == ["b", "c"]
+    assert compat.limited_set_newest(limited, 9) == ["a", "b", "c"]
+    assert compat.limited_set_newest(limited, 0) == []
 
     class Opaque:  # a LimitedSet of a release that keeps its items elsewhere
         def __iter__(self) -> Any:
             return iter(["a", "b"])
 
-    assert compat.limited_set_items(Opaque()) == ["a", "b"]
+    assert compat.limited_set_newest(Opaque(), 1) == ["b"]
+    assert compat.limited_set_newest(Opaque(), 0) == []

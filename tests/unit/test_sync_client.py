@@ -45,7 +45,7 @@ def test_invalid_revokes_are_refused_by_name_before_any_write() -> None:
 
 
 def test_a_stored_revoke_is_broadcast_with_its_mark_and_the_worker_notes_it() -> None:
-    from celery.utils.collections import AttributeDict, LimitedSet
+    from celery.utils.collections import AttributeDict
     from celery.worker.control import Panel
 
     from celery_extras.sync.control import STORED_UNTIL, SYNCER_ATTR
@@ -63,16 +63,18 @@ def test_a_stored_revoke_is_broadcast_with_its_mark_and_the_worker_notes_it() ->
         "task_id": ["a", "b"], "terminate": False, "signal": "SIGTERM", STORED_UNTIL: 2e9
     }  # fmt: skip
 
-    # the worker's revoke command: Celery's own, then the ids noted as stored
-    revokes = WorkerRevokes(LimitedSet(maxlen=100), {}, 100.0, wall_clock=lambda: 1_999_999_000.0)
-    syncer = AttributeDict(revokes=revokes)
-    state = AttributeDict(app=app, hostname="w@x", consumer=AttributeDict({SYNCER_ATTR: syncer}))
+    # the worker's revoke command: Celery's own, then the ids noted (stored: none waits)
     from celery.worker import state as worker_state
 
+    revokes = WorkerRevokes(worker_state.revoked, {}, 100.0, wall_clock=lambda: 1_999_999_000.0)
+    syncer = AttributeDict(revokes=revokes)
+    state = AttributeDict(app=app, hostname="w@x", consumer=AttributeDict({SYNCER_ATTR: syncer}))
     worker_state.revoked.clear()
     try:
         Panel.data["revoke"](state, **message["arguments"])  # type: ignore[arg-type]
         assert "a" in worker_state.revoked and "b" in worker_state.revoked
-        assert revokes.known_ids == {"a": 2e9, "b": 2e9}
+        assert revokes.unstored_ids == {}
+        Panel.data["revoke"](state, task_id=["c"])  # a plain client's broadcast
+        assert revokes.unstored_ids == {"c": 1_999_999_000.0 + 100.0}
     finally:
         worker_state.revoked.clear()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from celery.utils.collections import LimitedSet
 
 from celery_extras.sync.state import KNOWN_GRACE, WorkerRevokes
@@ -45,7 +43,9 @@ def test_neighbour_ids_get_the_local_expiry_and_are_handed_back_to_be_stored() -
     state, clocks = make()
     state.merge_ids({"stored": clocks.wall + 50}, stored=True)
     state.merge_ids({"heard": None}, stored=False)
-    state.revoked.add("broadcast")
+    state.revoked.add("broadcast")  # as Celery's revoke command adds it, then tells us
+    assert state.note_revoked(["broadcast"]) == 1
+    state.revoked.add("expired-request")  # Celery's own addition: not a revoke to share
     ids, stamps = state.unstored()
     assert ids == {"heard": clocks.wall + 100.0, "broadcast": clocks.wall + 100.0}
     assert stamps == {}
@@ -68,15 +68,27 @@ def test_stamps_merge_into_celerys_lists_and_expire() -> None:
     assert stamps == {("other", "z"): clocks.wall + 100.0}  # "one" is in the store already
 
 
-def test_known_entries_are_forgotten_only_after_a_grace_period() -> None:
+def test_held_ids_keep_the_stores_expiry_read_back_from_celerys_set() -> None:
     state, clocks = make(expires=100.0)
-    state.merge_ids({"x": clocks.wall + 10}, stored=True)
+    state.merge_ids({"stored": clocks.wall + 40}, stored=True)
+    state.revoked.add("broadcast", now=clocks.mono)
+    clocks.advance(10)
+    ids, _ = state.held()
+    assert ids == {"stored": clocks.wall + 30, "broadcast": clocks.wall + 90}
+    clocks.advance(31)
+    state.revoked.purge(now=clocks.mono)
+    assert state.held()[0] == {"broadcast": clocks.wall + 59}
+
+
+def test_known_stamps_are_forgotten_only_after_a_grace_period() -> None:
+    state, clocks = make(expires=100.0)
+    state.merge_stamps({("h", "x"): clocks.wall + 10}, stored=True)
     clocks.advance(10 + KNOWN_GRACE / 2)
     state.expire()
-    assert "x" in state.known_ids
+    assert ("h", "x") in state.known_stamps
     clocks.advance(KNOWN_GRACE)
     state.expire()
-    assert "x" not in state.known_ids
+    assert ("h", "x") not in state.known_stamps
 
 
 def test_newest_ids_are_bounded() -> None:
@@ -85,49 +97,51 @@ def test_newest_ids_are_bounded() -> None:
     assert state.newest_ids(3) == ["id7", "id8", "id9"]
 
 
-def test_known_entries_and_merged_stamps_are_bounded_like_the_revoked_set() -> None:
-    """Issue 17 item 4: 200,000 revokes used to leave 200,000 entries in ``known_ids``."""
+def test_unstored_ids_and_merged_stamps_are_bounded_like_the_revoked_set() -> None:
+    """Issue 17 item 4: 200,000 revokes used to leave 200,000 entries beside Celery's set."""
     state, clocks = make(maxlen=100)
     state.merge_ids({f"s{i}": clocks.wall + 50 for i in range(250)}, stored=True)
+    assert state.unstored_ids == {}  # nothing is kept per stored id
     for i in range(250):
         state.revoked.add(f"b{i}")
-    state.unstored()
-    assert len(state.known_ids) == 100 and len(state.revoked) <= 100
+        state.note_revoked(f"b{i}")
+    assert len(state.unstored_ids) == 100 and len(state.revoked) <= 100
+    ids, _ = state.unstored()
+    assert sorted(ids) == sorted(f"b{i}" for i in range(150, 250))
     state.merge_stamps({("h", f"v{i}"): clocks.wall + 10 + i for i in range(250)}, stored=True)
     assert len(state.known_stamps) == 100 and len(state.stamp_expiry) == 100
     assert len(state.revoked_stamps["h"]) == 100
     assert state.revoked_stamps["h"][-1] == "v249"  # the soonest-expiring were evicted
 
 
-def test_known_ids_still_in_celerys_set_outlive_those_it_evicted() -> None:
-    """Celery's set evicts by time, ``known_ids`` was trimmed in insertion order: ids
-    pulled from the store (stamped with their older write time) outlived, in the set,
-    the known entries that said they were stored, and were written back."""
-    state, clocks = make(expires=1000.0, maxlen=100)
-    clocks.mono = time.monotonic()  # LimitedSet.add purges on the real monotonic clock
-    # 100 ids from the store, written 500 s ago and earlier: s99 the oldest (the set
-    # evicts it first), s0 the newest (inserted first, so the oldest of known_ids)
-    state.merge_ids({f"s{i}": clocks.wall + 500 - i for i in range(100)}, stored=True)
-    clocks.advance(1)
-    for i in range(60):  # broadcasts of ids a client stored: the set evicts 60 s-ids
-        state.revoked.add(f"b{i}", now=clocks.mono)
-    assert state.note_stored([f"b{i}" for i in range(60)], clocks.wall + 999) == 60
-    assert len(state.known_ids) == 100 and len(state.revoked) == 100
+def test_an_id_pulled_from_the_store_is_not_handed_back() -> None:
+    """A broadcast that the next pull overtakes: the store has the id, no write back."""
+    state, clocks = make()
+    state.revoked.add("x")
+    state.note_revoked(["x"])
+    state.merge_ids({"x": clocks.wall + 50}, stored=True)
     assert state.unstored() == ({}, {})
-    assert sorted(state.known_ids) == sorted([f"s{i}" for i in range(40)] +
-                                             [f"b{i}" for i in range(60)])  # fmt: skip
 
 
 def test_ids_a_client_marked_stored_are_not_handed_back() -> None:
     state, clocks = make(expires=100.0)
-    for task_id in ("marked", "other", "bad-mark", "late-mark"):
+    for task_id in ("marked", "other", "bad-mark", "nan-mark", "late-mark", "unmarked"):
         state.revoked.add(task_id)  # as Celery's revoke command adds them
-    assert state.note_stored(["marked", "x" * 300, 7], clocks.wall + 50) == 1
-    assert state.note_stored("other", str(clocks.wall + 50)) == 1  # one id, a numeric string
-    assert state.note_stored(["bad-mark"], clocks.wall) == 0  # not ahead of now
-    assert state.note_stored(["bad-mark"], float("nan")) == 0
-    assert state.note_stored(["late-mark"], clocks.wall + 31 * 86400) == 0  # beyond MAX_WAIT
-    assert state.note_stored({"marked": 1}, clocks.wall + 50) == 0  # not a list of ids
-    assert state.stored()[0] == {"marked": clocks.wall + 50, "other": clocks.wall + 50}
+    assert state.note_revoked(["marked", "x" * 300, 7], clocks.wall + 50) == 0
+    assert state.note_revoked("other", str(clocks.wall + 50)) == 0  # a numeric string
+    assert state.note_revoked(["bad-mark"], clocks.wall) == 1  # not ahead of now
+    assert state.note_revoked(["nan-mark"], float("nan")) == 1
+    assert state.note_revoked(["late-mark"], clocks.wall + 31 * 86400) == 1  # beyond MAX_WAIT
+    assert state.note_revoked(["unmarked", "x" * 300, 7, "not-in-the-set"]) == 1
+    assert state.note_revoked({"marked": 1}) == 0  # not a list of ids
     ids, _ = state.unstored()
-    assert sorted(ids) == ["bad-mark", "late-mark"]
+    assert sorted(ids) == ["bad-mark", "late-mark", "nan-mark", "unmarked"]
+
+
+def test_ids_celery_loaded_itself_are_adopted_to_be_stored_but_for_those_the_store_has() -> None:
+    state, clocks = make(expires=100.0)
+    state.revoked.add("from-statedb", now=clocks.mono - 30)  # as Celery loads --statedb
+    state.revoked.add("also-in-store", now=clocks.mono)
+    assert state.adopt_held() == 2
+    state.merge_ids({"also-in-store": clocks.wall + 80}, stored=True)
+    assert state.unstored()[0] == {"from-statedb": clocks.wall + 70}

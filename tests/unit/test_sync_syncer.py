@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,9 +19,9 @@ from celery_extras import install
 from celery_extras.sync.control import HELLO_REPLY_BYTES, within_bytes
 from celery_extras.sync.digest import Pull, Version, plan_pull
 from celery_extras.sync.entries import Parsed
-from celery_extras.sync.revoke_store import Snapshot
+from celery_extras.sync.revoke_store import SHARDS, Snapshot
 from celery_extras.sync.state import WorkerRevokes
-from celery_extras.sync.syncer import Syncer
+from celery_extras.sync.syncer import TRIM_CHURN, Syncer
 
 SETTINGS = {
     "sync_interval": 1.0,
@@ -30,14 +33,16 @@ SETTINGS = {
 
 
 class FakeStore:
-    """Records calls; serves a version and snapshots set by the test; can be 'down'."""
+    """Records calls; serves the version and entries of shard 0 set by the test (the other
+    shards stay empty); can be 'down'."""
 
     def __init__(self) -> None:
         self.version = Version("e", 0)
         self.clock = 0
         self.ids: dict[str, float] = {}
         self.added: list[dict[str, float]] = []
-        self.pulls: list[int] = []
+        self.pulls: list[int] = []  # shard 0's reads: the seq read after (0: everything)
+        self.page_size = 0  # shard 0's entries come this many a page (0: all in one)
         self.down = False
 
     def _check(self) -> None:
@@ -51,12 +56,35 @@ class FakeStore:
 
     def probe(self, clock: int = 0) -> tuple[Version, int]:
         self._check()
-        return self.version, self.clock
+        return Version.of_shards([self.version] + [Version("e", 0)] * (SHARDS - 1)), self.clock
 
-    def pull(self, after: Version | None = None, clock: int = 0) -> Snapshot:
+    def legacy(self) -> Snapshot:
         self._check()
-        self.pulls.append(-1 if after is None else after.seq)
-        return Snapshot(self.version, self.clock, Parsed(dict(self.ids)), Parsed())
+        return Snapshot(Version("", 0), 0, Parsed(), Parsed())
+
+    def pages(self, shard: int, after: int = 0, clock: int = 0) -> Iterator[Snapshot]:
+        self._check()
+        if shard:
+            yield Snapshot(Version("e", 0), self.clock, Parsed(), Parsed())
+            return
+        self.pulls.append(after)
+        ids = list(self.ids.items())[after if self.page_size else 0 :]  # k changed at seq k + 1
+        size = self.page_size or len(ids) or 1
+        for start in range(0, max(len(ids), 1), size):
+            page = dict(ids[start : start + size])
+            upto = after + start + len(page)
+            version = self.version if upto >= self.version.seq else Version("e", upto)
+            yield Snapshot(version, self.clock, Parsed(page), Parsed())
+
+
+def cycle(syncer: Syncer) -> None:
+    """One round on the sync thread, while this thread merges what it hands over."""
+    thread = threading.Thread(target=syncer.cycle)
+    thread.start()
+    while thread.is_alive():
+        syncer.drain()
+        thread.join(0.01)
+    syncer.drain()
 
 
 @pytest.fixture
@@ -78,29 +106,72 @@ def test_cycle_pulls_only_when_the_version_moved_and_only_the_changes(syncer: Sy
     store.ids = {"a": time.time() + 50}
     store.version, store.clock = Version("e", 1), 500
     syncer.load()
-    assert store.pulls == [-1] and "a" in syncer.revokes.revoked
+    assert store.pulls == [0] and "a" in syncer.revokes.revoked
     assert syncer.app.clock.value == 501  # max + 1
 
-    syncer.cycle()
-    assert store.pulls == [-1]  # same version: nothing read
+    cycle(syncer)
+    assert store.pulls == [0]  # same version: nothing read
     store.version, store.ids = Version("e", 4), {"b": time.time() + 50}
-    syncer.cycle()
-    assert store.pulls == [-1, 1]  # only what changed after seq 1
+    cycle(syncer)
+    assert store.pulls == [0, 1]  # only what changed after seq 1
     syncer.drain()
     assert "b" in syncer.revokes.revoked
     store.version = Version("other", 2)
-    syncer.cycle()
-    assert store.pulls == [-1, 1, -1]  # a new epoch: everything
+    cycle(syncer)
+    assert store.pulls == [0, 1, 0]  # a new epoch: everything
+
+
+def test_a_pull_is_handed_over_a_page_at_a_time_and_resumed_from_its_cursor(
+    syncer: Syncer,
+) -> None:
+    """The thread reads a page only once the consumer merged the one before: catching up
+    with a big store costs the worker one page's memory; a busy consumer stops the round."""
+    store = store_of(syncer)
+    syncer.load()
+    expiry = time.time() + 50
+    store.ids = {f"id{i}": expiry for i in range(5)}
+    store.version, store.page_size = Version("e", 5), 2
+    syncer.cycle()  # nobody merges: one page is queued, and the round gives up on the rest
+    assert syncer.inbox.qsize() == 1 and store.pulls == [0, 0]
+    syncer.drain()
+    assert set(syncer.revokes.revoked) == {"id0", "id1"}
+    queued: list[int] = []  # how many merges waited when the next page was queued
+
+    class Inbox(queue.SimpleQueue[Callable[[], None]]):
+        def put(self, item: Callable[[], None], block: bool = True, timeout: Any = None) -> None:
+            queued.append(self.qsize())
+            super().put(item)
+
+    syncer.inbox = Inbox()
+    cycle(syncer)  # on from the cursor (seq 2), a page at a time
+    assert store.pulls == [0, 0, 2] and queued == [0, 0]
+    assert set(syncer.revokes.revoked) == {f"id{i}" for i in range(5)}
+    assert syncer.cursor is not None and syncer.cursor.shards[0] == Version("e", 5)
+
+
+def test_a_burst_of_revokes_hands_freed_memory_back_once(
+    syncer: Syncer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trims: list[int] = []
+    monkeypatch.setattr("celery_extras.sync.syncer.malloc_trim", lambda: trims.append(1) or True)
+    syncer.revokes.merge_ids({f"id{i}": None for i in range(TRIM_CHURN - 1)}, stored=True)
+    syncer.collect()
+    assert trims == []
+    syncer.revokes.note_revoked(["id0"])
+    syncer.collect()
+    syncer.collect()
+    assert trims == [1] and syncer.info()["trims"] == 1
 
 
 def test_revokes_learnt_from_a_broadcast_are_pushed_once(syncer: Syncer) -> None:
     store = store_of(syncer)
     syncer.load()
-    syncer.revokes.revoked.add("heard")
+    syncer.revokes.revoked.add("heard")  # a broadcast, as the wrapped revoke command notes it
+    syncer.revokes.note_revoked(["heard"])
     syncer.collect()
-    syncer.cycle()
+    cycle(syncer)
     syncer.collect()
-    syncer.cycle()
+    cycle(syncer)
     assert [list(ids) for ids in store.added] == [["heard"]]
 
 
@@ -111,15 +182,16 @@ def test_store_outage_keeps_pending_pushes_and_recovers(
     store.down = True
     with caplog.at_level(logging.WARNING):
         syncer.load()
-        syncer.revokes.revoked.add("heard")
+        syncer.revokes.revoked.add("heard")  # a broadcast, as the wrapped revoke command notes it
+        syncer.revokes.note_revoked(["heard"])
         syncer.collect()
-        syncer.cycle()
-        syncer.cycle()
+        cycle(syncer)
+        cycle(syncer)
     assert "unreachable" in caplog.text and syncer.info()["store"] == "down"
     store.down = False
     store.ids = {"stored": time.time() + 50}
     store.version = Version("e", 1)
-    syncer.cycle()
+    cycle(syncer)
     syncer.drain()
     assert [list(ids) for ids in store.added] == [["heard"]]
     assert "stored" in syncer.revokes.revoked
@@ -153,10 +225,10 @@ def test_a_store_that_lost_writes_gets_them_back_from_the_worker(syncer: Syncer)
     syncer.load()
     store.ids = {"kept": store.ids["kept"]}
     store.version = Version("e", 1)
-    syncer.cycle()
+    cycle(syncer)
     syncer.drain()
-    syncer.cycle()
-    assert store.pulls == [-1, -1]
+    cycle(syncer)
+    assert store.pulls == [0, 0]
     assert sorted(store.added[-1]) == ["kept", "lost"]
     assert store.added[-1]["lost"] == pytest.approx(time.time() + 60, abs=5)
 
@@ -166,11 +238,11 @@ def test_store_back_after_an_outage_is_given_what_the_worker_knew(syncer: Syncer
     store.ids, store.version = {"a": time.time() + 50}, Version("e", 1)
     syncer.load()
     store.down = True
-    syncer.cycle()
+    cycle(syncer)
     store.down = False
-    syncer.cycle()
+    cycle(syncer)
     syncer.drain()
-    syncer.cycle()
+    cycle(syncer)
     assert [sorted(ids) for ids in store.added] == [["a"]]
 
 
