@@ -1,8 +1,13 @@
-"""Session-wide safety net: no worker process outlives the test run."""
+"""Session-wide safety net (no worker process outlives the test run), and the lock that
+lets most tests run side by side under pytest-xdist while ``exclusive`` ones run alone."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +29,32 @@ def redis_cluster_topology(
     tests keep to their own key prefix on it, as on the shared Redis."""
     with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as topology:
         yield topology
+
+
+def _flock(stack: ExitStack, path: Path, mode: int) -> None:
+    handle = stack.enter_context(open(path, "a"))  # noqa: SIM115 (closed by the stack)
+    fcntl.flock(handle, mode)
+    stack.callback(fcntl.flock, handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _exclusive_or_shared(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under pytest-xdist, a readers-writer lock over the run's processes: a test marked
+    ``exclusive`` or ``scenario`` holds it alone, the others share it. Writers go through
+    a turnstile first, so a stream of shared tests cannot starve an exclusive one."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    locks = tmp_path_factory.getbasetemp().parent
+    alone = any(request.node.get_closest_marker(m) for m in ("exclusive", "scenario"))
+    with ExitStack() as stack:
+        turnstile = ExitStack()
+        _flock(turnstile, locks / "turnstile.lock", fcntl.LOCK_EX)
+        _flock(stack, locks / "tests.lock", fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if alone:
+            stack.push(turnstile)  # held until the test ends: nobody starts meanwhile
+        else:
+            turnstile.close()
+        yield

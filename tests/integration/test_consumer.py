@@ -16,6 +16,9 @@ from tests.support.brokers import Restartable
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
+#: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
+pytestmark = pytest.mark.exclusive
+
 INCLUDE = ("tests.support.tasks_consumer",)
 
 
@@ -42,6 +45,7 @@ def test_backlogged_queues_share_the_worker_by_weight(cluster: Cluster, journal:
     assert all(n <= queues["prefetch_per_queue"] for n in queues["buffered"].values())
 
 
+@pytest.mark.scenario
 def test_trickle_queue_is_served_promptly_under_a_flood(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:

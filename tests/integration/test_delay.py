@@ -12,9 +12,14 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from tests.integration.conftest import Cluster, also_on_redis_cluster
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
+
+#: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
+pytestmark = pytest.mark.exclusive
 
 INCLUDE = ("tests.support.tasks_delay",)
 
@@ -112,6 +117,7 @@ SHORT_VISIBILITY = {"visibility_timeout": 20, "unacked_restore_interval": 5,
                     "unacked_restore_throttle": 1}  # fmt: skip
 
 
+@pytest.mark.scenario
 def test_backlog_beyond_the_visibility_timeout_runs_each_task_once_at_the_rate(
     cluster: Cluster, journal: Journal
 ) -> None:
@@ -138,6 +144,7 @@ def test_backlog_beyond_the_visibility_timeout_runs_each_task_once_at_the_rate(
     assert stats["extras_policies"]["parked"] > 2000
 
 
+@pytest.mark.scenario
 def test_three_workers_share_the_rate_of_a_parked_backlog(
     cluster: Cluster, journal: Journal
 ) -> None:
@@ -160,6 +167,7 @@ def test_three_workers_share_the_rate_of_a_parked_backlog(
     assert busiest_second(times) <= (20 + 1) * JITTER, busiest_window(times)
 
 
+@pytest.mark.scenario
 def test_eta_store_runs_countdowns_once_on_time_with_flat_memory(
     cluster: Cluster, journal: Journal
 ) -> None:

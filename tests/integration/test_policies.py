@@ -29,6 +29,9 @@ from tests.support import proj, tasks_policies
 from tests.support.journal import Journal
 from tests.support.workers import ROOT, wait_for
 
+#: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
+pytestmark = pytest.mark.exclusive
+
 INCLUDE = ("tests.support.tasks_policies",)
 
 
@@ -49,6 +52,7 @@ def wait_journal(journal: Journal, count: int, timeout: float, what: str) -> Non
     wait_for(lambda: len(journal) >= count, timeout=timeout, interval=0.2, what=what)
 
 
+@pytest.mark.scenario
 @also_on_redis_cluster("redis")
 def test_global_limit_holds_across_three_workers(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
@@ -71,6 +75,7 @@ def test_global_limit_holds_across_three_workers(
     assert busiest_second(times) <= 20 + 2
 
 
+@pytest.mark.scenario
 def test_worker_limit_sustains_rate_and_lets_other_tasks_through(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:

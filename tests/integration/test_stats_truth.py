@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from celery.utils import uuid
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,6 +28,9 @@ from tests.integration.conftest import Cluster
 from tests.integration.test_stats import Service, free_port, http_get
 from tests.support import proj
 from tests.support.workers import ROOT, wait_for
+
+#: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
+pytestmark = pytest.mark.exclusive
 
 STATS_TASKS = ("tests.support.tasks_stats",)
 WINDOWS = [1, 10, 600]  # counts over 10 minutes: the whole run, however slow the machine

@@ -25,6 +25,9 @@ from celery_extras.sync.revoke_store import RevokeStore
 from tests.support.clock import FakeClock
 from tests.support.topology import RedisClusterTopology, redis_sentinel
 
+#: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
+pytestmark = pytest.mark.exclusive
+
 
 @pytest.fixture
 def prefix(client: Any) -> Iterator[str]:

@@ -23,6 +23,7 @@ from tests.support.workers import wait_for
 INCLUDE = ("tests.support.tasks_reliability",)
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_broker_restart_mid_run(kind: str, ns: str, tmp_path: Path, journal: Journal) -> None:
     with restartable_cluster(kind, ns, tmp_path) as (cluster, broker):
@@ -87,6 +88,7 @@ def run_through_a_restart(cluster: Cluster, journal: Journal, broker: Restartabl
     assert worker.alive()
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_a_retry_that_cannot_be_published_keeps_its_task(
     kind: str, ns: str, tmp_path: Path, journal: Journal

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.conftest import Cluster
 from tests.integration.test_concurrency import GLOBAL2, ends, most_at_once
 from tests.support.brokers import PrivateRedis
@@ -20,6 +22,7 @@ from tests.support.workers import wait_for
 INCLUDE = ("tests.support.tasks_concurrency",)
 
 
+@pytest.mark.scenario
 def test_store_outage_caps_per_worker_then_cluster_wide_and_loses_nothing(
     cluster: Cluster, send: Callable[..., Any], journal: Journal, tmp_path: Path
 ) -> None:

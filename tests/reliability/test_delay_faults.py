@@ -44,6 +44,7 @@ def done_ids(journal: Journal) -> Counter[str]:
     return Counter(e["id"] for e in journal.entries() if e.get("outcome") == "done")
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_sigkill_while_parking_and_moving_loses_nothing_runs_nothing_twice(
     kind: str, ns: str, tmp_path: Path, journal: Journal
@@ -85,6 +86,7 @@ def kill_repeatedly(cluster: Cluster, journal: Journal, broker: Restartable) -> 
     assert sum(lost.values()) <= 2 * 3, lost
 
 
+@pytest.mark.exclusive
 def test_store_restart_mid_run_loses_nothing(
     cluster: Cluster, journal: Journal, tmp_path: Path
 ) -> None:

@@ -36,6 +36,7 @@ def sync_info(cluster: Cluster, worker: WorkerProcess) -> dict[str, Any]:
     return info
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("broker", ["redis"], indirect=True)
 def test_revoke_traffic_keeps_worker_memory_and_hello_replies_bounded(cluster: Cluster) -> None:
     # Celery marks each revoked id REVOKED in the result backend, one round trip each:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.conftest import Cluster
 from tests.support.brokers import PrivateRedis
 from tests.support.journal import Journal
@@ -25,6 +27,7 @@ def busiest_second(times: list[float]) -> int:
     return max(sum(1 for s in times if t <= s < t + 1.0) for t in times)
 
 
+@pytest.mark.scenario
 def test_store_outage_keeps_a_global_limit_within_workers_times_rate_plus_burst(
     cluster: Cluster, send: Callable[..., Any], journal: Journal, tmp_path: Path
 ) -> None:

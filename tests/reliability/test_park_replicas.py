@@ -28,6 +28,9 @@ from tests.support.topology import SentinelTopology
 from tests.support.workers import wait_for
 from tests.unit.test_delay_core import make_entry
 
+#: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
+pytestmark = pytest.mark.exclusive
+
 INCLUDE = ("tests.support.tasks_reliability",)
 LIMITED = "tests.reliability.limited"  # 10/s, burst 2, global, acks_late
 

@@ -24,6 +24,9 @@ from tests.support.journal import Journal
 from tests.support.topology import SentinelTopology
 from tests.support.workers import WorkerProcess, wait_for
 
+#: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
+pytestmark = pytest.mark.exclusive
+
 INCLUDE = ("tests.support.tasks_reliability",)
 LIMITED = "tests.reliability.limited"  # 10/s, burst 2, global, acks_late
 RATE, BURST = 10, 2

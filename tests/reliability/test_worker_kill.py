@@ -21,6 +21,7 @@ def done_ids(journal: Journal) -> Counter[str]:
     return Counter(e["id"] for e in journal.entries() if e.get("outcome") == "done")
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_sigkill_mid_run_loses_no_limited_retried_or_weighted_task(
     kind: str, ns: str, tmp_path: Path, journal: Journal

@@ -10,6 +10,7 @@ call in their finalizers whatever the test did.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -21,8 +22,9 @@ import redis
 
 __all__ = ["RedisClusterTopology", "SentinelTopology", "redis_cluster", "redis_sentinel"]
 
-#: The lowest port the topologies use; blocks of 20 ports are probed upward from it.
-BASE_PORT = 7100
+#: The lowest port the topologies use; blocks of 20 ports are probed upward from it (each
+#: pytest-xdist process from its own 1,000, so that two never probe the same block at once).
+BASE_PORT = 7100 + 1000 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 _BLOCK = 20
 _BUS_OFFSET = 10000  # Redis Cluster's bus port is the client port + 10000
 
