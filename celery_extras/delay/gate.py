@@ -188,9 +188,9 @@ class ArrivalGate:
             strategy = consumer.strategies.get(name)
             if strategy is None:
                 return
-            try:
-                payload = message.decode()
-                strategy(message, payload, ack, message.reject_log_error, [])
+            try:  # as Celery's consumer calls it: no body for protocol 2 (name in headers)
+                body = None if "task" in (message.headers or {}) else message.decode()
+                strategy(message, body, ack, message.reject_log_error, [])
             except Exception:
                 logger.exception("celery-extras: could not deliver held %s again", name)
 
