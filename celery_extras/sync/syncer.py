@@ -27,11 +27,11 @@ from celery import Celery
 from celery.utils.log import get_logger
 
 from ..bounds import shown
-from ..memory import malloc_trim
 from ..outage import store_text
 from ..store import StoreUnavailable, redis_client, store_key
 from .digest import Pull, Version, plan_pull
 from .entries import Parsed, Stamp, parse_ids, parse_stamps, valid_clock
+from .memory import malloc_trim
 from .revoke_store import SHARDS, RevokeStore, Snapshot
 from .state import WorkerRevokes, trim_oldest
 
@@ -191,7 +191,7 @@ class Syncer:
         except Exception:  # a timer of the consumer: log, and try again next time
             logger.exception("celery-extras sync: collecting unstored revokes failed")
             return
-        if self.revokes.churn >= TRIM_CHURN:  # see ..memory: a burst's pages go back
+        if self.revokes.churn >= TRIM_CHURN:  # see .memory: a burst's pages go back
             self.revokes.churn = 0
             self.stats["trims"] += malloc_trim()
         if ids or stamps:

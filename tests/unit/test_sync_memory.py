@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from celery_extras import memory
+from celery_extras.sync import memory
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
