@@ -127,6 +127,12 @@ class DelayStore(Protocol):
 MAX_TOKENS = 32
 
 
+def _until(at: float, now: float) -> float:
+    """Seconds from *now* to *at*, to the microsecond: ``(now + d) - now`` in floating point
+    can exceed *d* (a 30 s lease read back as 30.000000000000455 s)."""
+    return round(at - now, 6)
+
+
 @dataclass
 class _Record:
     task_id: str
@@ -178,10 +184,12 @@ class MemoryDelayStore:
             record.tokens = [*record.tokens, token][-MAX_TOKENS:]
             record.score = now + lease
             assert record.raw is not None
-            items.append(Claim(entry_id, token, len(record.tokens), record.raw, record.due - now))
+            items.append(
+                Claim(entry_id, token, len(record.tokens), record.raw, _until(record.due, now))
+            )
         self._prune(now)
         scores = [r.score for r in self.records.values() if r.taken_by is None]
-        return Claimed(items, min(scores) - now if scores else None)
+        return Claimed(items, _until(min(scores), now) if scores else None)
 
     def release(self, entry_id: str, token: str, recheck: float) -> bool:
         record = self.records.get(entry_id)
@@ -197,10 +205,10 @@ class MemoryDelayStore:
         now = self.clock()
         if record.taken_by is not None:
             if record.taken_by == token:
-                return Taken(Take.REDELIVERED, record.due - now, record.kind)
-            return Taken(Take.DUPLICATE, record.due - now, record.kind)
+                return Taken(Take.REDELIVERED, _until(record.due, now), record.kind)
+            return Taken(Take.DUPLICATE, _until(record.due, now), record.kind)
         record.taken_by, record.taken_at, record.raw = token, now, None
-        return Taken(Take.TAKEN, record.due - now, record.kind)
+        return Taken(Take.TAKEN, _until(record.due, now), record.kind)
 
     def discard(self, entry_id: str) -> None:
         self.records.pop(entry_id, None)
@@ -215,7 +223,7 @@ class MemoryDelayStore:
             if record.taken_by is None:
                 entry = out.setdefault(record.name, TaskSummary())
                 entry.parked += 1
-                due_in = record.due - now
+                due_in = _until(record.due, now)
                 entry.next_in = due_in if entry.next_in is None else min(entry.next_in, due_in)
         return out
 

@@ -219,3 +219,13 @@ def test_a_full_batch_asks_for_another_turn_at_once() -> None:
         store.park(f"e{i}", make_entry(f"t{i}"), 0.0)
     mover = Mover(store, Published(), lead=0.0, batch=2)
     assert mover.run_once() == 0.0
+
+
+def test_times_read_back_are_the_times_given_to_the_microsecond() -> None:
+    clock = FakeClock()
+    clock.now = 4073.4144857425995  # where (now + 30.0) - now == 30.000000000000455
+    store = MemoryDelayStore(clock)
+    store.park("e1", make_entry(), 0.0)
+    assert store.claim(0.5, 30.0, tokens(10)).next_in == 30.0
+    assert store.summary()["tasks.add"].next_in == 0.0
+    assert store.take("e1", "t1", "tok0").due_in == 0.0
