@@ -1,5 +1,5 @@
 """Session-wide safety net (no worker process outlives the test run), and the lock that
-lets most tests run side by side under pytest-xdist while ``exclusive`` ones run alone."""
+lets tests run side by side under pytest-xdist but for those that must not."""
 
 from __future__ import annotations
 
@@ -14,20 +14,29 @@ import pytest
 from tests.support.topology import RedisClusterTopology, redis_cluster
 from tests.support.workers import stop_all
 
+#: Under pytest-xdist, which kinds of test may run at the same time: ``shared`` tests beside
+#: each other; minute-long ``scenario`` runs (a few workers at a few dozen tasks a second)
+#: beside each other; an ``exclusive`` test (it restarts a shared broker, or measures
+#: latencies or memory a neighbour would skew) beside none.
+KINDS = ("shared", "exclusive", "scenario")  # the order they run in, too
+CONFLICTS = {
+    "shared": ("scenario", "exclusive"),
+    "scenario": ("shared", "exclusive"),
+    "exclusive": KINDS,
+}
+
+
+def _kind(item: pytest.Item) -> str:
+    """A test's own ``exclusive`` mark wins over ``scenario``, which wins over its module's."""
+    if any(mark.name == "exclusive" for mark in item.own_markers):
+        return "exclusive"
+    return next((k for k in ("scenario", "exclusive") if item.get_closest_marker(k)), "shared")
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that run alone go last, the minute-long scenarios at the very end: under
-    pytest-xdist both processes first share the rest, then hand the lock below from one
-    lone test to the next, instead of idling at every switch between the two kinds."""
-
-    def alone(item: pytest.Item) -> int:
-        return 2 if item.get_closest_marker("scenario") else int(_runs_alone(item))
-
-    items.sort(key=alone)  # stable: collection order within each kind
-
-
-def _runs_alone(item: pytest.Item) -> bool:
-    return any(item.get_closest_marker(m) for m in ("exclusive", "scenario"))
+    """Shared tests first, then exclusive ones, then the scenarios: under pytest-xdist the
+    processes switch kinds twice, not at every other test (each switch idles one)."""
+    items.sort(key=lambda item: KINDS.index(_kind(item)))  # stable within a kind
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -53,23 +62,23 @@ def _flock(stack: ExitStack, path: Path, mode: int) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _exclusive_or_shared(
+def _kinds_apart(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
-    """Under pytest-xdist, a readers-writer lock over the run's processes: a test marked
-    ``exclusive`` or ``scenario`` holds it alone, the others share it. Writers go through
-    a turnstile first, so a stream of shared tests cannot starve an exclusive one."""
+    """Under pytest-xdist, a test holds its kind's lock shared while it runs (see ``KINDS``).
+    To start, it takes the gate, waits until no test of a conflicting kind runs (its lock
+    free), takes its own and lets the gate go: a waiting test holds the gate, so a stream
+    of other kinds cannot starve it. Locks are ``flock``: a process that dies frees them."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
     locks = tmp_path_factory.getbasetemp().parent
-    alone = _runs_alone(request.node)
-    with ExitStack() as stack:
-        turnstile = ExitStack()
-        _flock(turnstile, locks / "turnstile.lock", fcntl.LOCK_EX)
-        _flock(stack, locks / "tests.lock", fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        if alone:
-            stack.push(turnstile)  # held until the test ends: nobody starts meanwhile
-        else:
-            turnstile.close()
+    kind = _kind(request.node)
+    with ExitStack() as running:
+        with ExitStack() as gate:
+            _flock(gate, locks / "gate.lock", fcntl.LOCK_EX)
+            for other in CONFLICTS[kind]:
+                with ExitStack() as probe:
+                    _flock(probe, locks / f"{other}.lock", fcntl.LOCK_EX)
+            _flock(running, locks / f"{kind}.lock", fcntl.LOCK_SH)
         yield

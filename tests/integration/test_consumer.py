@@ -46,6 +46,7 @@ def test_backlogged_queues_share_the_worker_by_weight(cluster: Cluster, journal:
 
 
 @pytest.mark.scenario
+@pytest.mark.exclusive  # a latency: alone, not beside another scenario
 def test_trickle_queue_is_served_promptly_under_a_flood(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:

@@ -76,6 +76,7 @@ def test_global_limit_holds_across_three_workers(
 
 
 @pytest.mark.scenario
+@pytest.mark.exclusive  # a latency and a per-worker bucket: alone, not beside a scenario
 def test_worker_limit_sustains_rate_and_lets_other_tasks_through(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:
