@@ -35,7 +35,8 @@ def _kind(item: pytest.Item) -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Shared tests first, then exclusive ones, then the scenarios: under pytest-xdist the
-    processes switch kinds twice, not at every other test (each switch idles one)."""
+    processes switch kinds twice, not at every other test (each switch idles one); with
+    ``--maxschedchunk=1`` (pyproject.toml) both switch at about the same time."""
     items.sort(key=lambda item: KINDS.index(_kind(item)))  # stable within a kind
 
 
