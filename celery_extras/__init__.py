@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .capability import Capability
 from .consumer import FairConsumerMixin, WeightedCycle, WeightedOrder
 from .delay import DelayStore, RedisDelayStore
-from .delay.parking import delayed
+from .delay.capability import delayed
 from .policies import (
     BucketPolicy,
     ExponentialBackoff,

@@ -263,7 +263,8 @@ def revoked_command(ctx: click.Context, limit: int, timeout: float, as_json: boo
 @click.pass_context
 def delayed_command(ctx: click.Context, as_json: bool) -> None:
     """List what the delay store holds: parked tasks per task name, and the next due time."""
-    from .delay.parking import STORE_ERRORS, delayed
+    from .delay.capability import delayed
+    from .delay.parking import STORE_ERRORS
 
     try:
         listing = delayed(app_of(ctx))
@@ -272,7 +273,18 @@ def delayed_command(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(listing, sort_keys=True))
         return
-    click.echo(f"delay store: {listing['depth']} entries waiting")
+    store = listing["store"]
+    risk = f", may evict {', '.join(store['at_risk'])}" if store["at_risk"] else ""
+    click.echo(f"delay store: {listing['depth']} entries waiting "
+               f"(maxmemory-policy {store['policy']}{risk})")  # fmt: skip
+    if store.get("parking") == "refused":
+        click.echo("  nothing is parked there: set maxmemory-policy noeviction, or "
+                   "extras_store_allow_eviction = True")  # fmt: skip
+    if listing["uses"]:
+        click.echo(f"due queues: {', '.join(listing['due_queues'])}, consumed by every worker "
+                   f"beside its queue, because of {'; '.join(listing['uses'])}")  # fmt: skip
+    else:
+        click.echo("due queues: none (no limit(), no retry_policy(), extras_eta_store off)")
     width = max((len(name) for name in listing["tasks"]), default=4)
     for name, entry in listing["tasks"].items():
         due_in = entry["next_due_in"]

@@ -161,6 +161,12 @@ def page_data(state: LiveState, max_age: float = 60.0) -> dict[str, Any]:
                 "waiting": st.get("waiting"),
                 "parked": st.get("parked"),
                 "store": {printable(k): printable(v) for k, v in st.get("store", {}).items()},
+                "eviction": {
+                    "policy": printable(st["eviction"]["policy"]),
+                    "at_risk": [printable(k) for k in st["eviction"]["at_risk"]],
+                }
+                if "eviction" in st
+                else None,
                 "buffered": sum(st.get("buffered", {}).values()),
             },
             "tasks": {

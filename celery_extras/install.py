@@ -25,6 +25,7 @@ from .delay.capability import DELAY
 from .policies.capability import POLICIES
 from .settings import CORE_SETTINGS, PREFIX, Setting, conf_key, declare, settings_of
 from .stats.capability import STATS
+from .store import StoreStep
 from .sync.capability import SYNC
 from .workarounds import RedisCloseGuard
 
@@ -93,6 +94,7 @@ def install(app: Celery, **options: Any) -> Celery:
 
     app.steps["worker"].add(ExtrasStep)
     app.steps["consumer"].add(RedisCloseGuard)
+    app.steps["consumer"].add(StoreStep)
     for capability in CAPABILITIES:
         for step in capability.worker_steps:
             app.steps["worker"].add(step)

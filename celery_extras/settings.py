@@ -34,6 +34,7 @@ __all__ = [
     "PREFIX",
     "REDIS_OPTIONS",
     "REDIS_URL",
+    "STORE_ALLOW_EVICTION",
     "ExtrasSettings",
     "Setting",
     "boolean",
@@ -221,7 +222,22 @@ KEY_PREFIX: Setting[str] = Setting(
     "Prefix of every key celery-extras writes to the shared store; give two apps that "
     "share one Redis different prefixes.",
 )
-CORE_SETTINGS: tuple[Setting[Any], ...] = (REDIS_URL, REDIS_OPTIONS, KEY_PREFIX)
+STORE_ALLOW_EVICTION: Setting[bool] = Setting(
+    "store_allow_eviction",
+    False,
+    boolean,
+    "bool",
+    "Park tasks in the store even when its Redis may evict them (a ``maxmemory-policy`` "
+    "other than ``noeviction``; see :doc:`/store`). ``False``: such a store is reported "
+    "at worker start, in ``inspect stats``, Prometheus and Flower, and nothing is parked "
+    "there (waits stay held in the worker or unacked).",
+)
+CORE_SETTINGS: tuple[Setting[Any], ...] = (
+    REDIS_URL,
+    REDIS_OPTIONS,
+    KEY_PREFIX,
+    STORE_ALLOW_EVICTION,
+)
 
 
 def _match_case(key: str, like: str) -> str:

@@ -25,6 +25,8 @@ one way the package gets its client.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 import weakref
@@ -33,7 +35,7 @@ from typing import Any, TypeAlias, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
-from celery import Celery
+from celery import Celery, bootsteps
 from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode
 from redis.commands.core import Script
@@ -41,18 +43,23 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from .settings import KEY_PREFIX, REDIS_OPTIONS, REDIS_URL, settings_of
+from .settings import KEY_PREFIX, REDIS_OPTIONS, REDIS_URL, STORE_ALLOW_EVICTION, settings_of
+from .store_safety import REFRESH, StoreSafety
 
 __all__ = [
+    "CLIENT_NAME",
     "LazyCluster",
     "StoreClient",
+    "StoreStep",
     "StoreUnavailable",
+    "close_client",
     "connect",
     "forget_after_fork",
     "redis_client",
     "store_key",
     "store_kind",
     "store_options",
+    "store_safety",
     "store_url",
 ]
 
@@ -64,11 +71,17 @@ _CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 _SENTINEL_SCHEME = "sentinel://"
 #: Socket timeouts of the store's connections, seconds.
 TIMEOUT = 2.0
+#: The name every store connection gives itself (``CLIENT SETNAME``): ``CLIENT LIST``
+#: tells celery-extras' connections from the broker's and the result backend's.
+CLIENT_NAME = "celery-extras"
+
+logger = logging.getLogger(__name__)
 
 _clients: weakref.WeakKeyDictionary[Celery, StoreClient] = weakref.WeakKeyDictionary()
+_safety: weakref.WeakKeyDictionary[Celery, StoreSafety] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 #: Caches holding store clients (or objects bound to one), emptied in a forked child.
-_per_process: list[MutableMapping[Any, Any]] = [_clients]
+_per_process: list[MutableMapping[Any, Any]] = [_clients, _safety]
 
 
 def forget_after_fork(*caches: MutableMapping[Any, Any]) -> None:
@@ -163,6 +176,7 @@ def _common() -> dict[str, Any]:
     return {
         "socket_timeout": TIMEOUT,
         "socket_connect_timeout": TIMEOUT,
+        "client_name": CLIENT_NAME,
         "decode_responses": True,
         "retry": _retry(),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
@@ -233,6 +247,13 @@ class LazyCluster:
                 except RedisClusterException as exc:
                     raise redis.ConnectionError(f"Redis Cluster unreachable: {exc}") from exc
             return self._client
+
+    def close(self) -> None:
+        """Close the cluster client's connections, if it was ever made."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     def get_encoder(self) -> _Utf8:
         return _Utf8()
@@ -322,6 +343,74 @@ def redis_client(app: Celery) -> StoreClient:
         return client
 
 
+def store_safety(app: Celery) -> StoreSafety:
+    """The app's :class:`~.store_safety.StoreSafety` in this process (logging nothing until
+    a worker step gives it a logger, so pool processes do not repeat the worker's lines)."""
+    with _lock:
+        safety = _safety.get(app)
+        if safety is None:
+            ref = weakref.ref(app)
+
+            def client() -> StoreClient:
+                owner = ref()
+                if owner is None:
+                    raise StoreUnavailable("the app of this store is gone")
+                return redis_client(owner)
+
+            allow = settings_of(app)[STORE_ALLOW_EVICTION]
+            safety = _safety[app] = StoreSafety(client, allow_eviction=allow)
+        return safety
+
+
+def close_client(app: Celery) -> None:
+    """Close the app's store client, if it has one (a worker stopping): its connections are
+    closed now rather than when the app is collected; the next :func:`redis_client` call
+    opens a new one."""
+    with _lock:
+        client = _clients.pop(app, None)
+    if client is not None:
+        with contextlib.suppress(redis.RedisError, OSError):  # a broken one: nothing to keep
+            client.close()
+
+
 def store_key(app: Celery, *parts: str) -> str:
     """A key of the store under the app's ``extras_key_prefix``."""
     return ":".join((settings_of(app)[KEY_PREFIX], *parts))
+
+
+class StoreStep(bootsteps.StartStopStep):
+    """Consumer step owning the worker's view of its store: the store's eviction policy is
+    read (and a risk logged) at start, after every reconnect and every
+    :data:`~.store_safety.REFRESH` seconds, and the store's connections are closed when the
+    worker shuts down. Every consumer step that uses the store requires it, so it starts
+    before them and shuts down after them."""
+
+    label = "extras-store"
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.safety: StoreSafety | None = None
+        self.tref: Any = None
+        if store_url(c.app) is not None:
+            self.safety = store_safety(c.app)
+            self.safety.logger = logger  # the worker's main process says it, once
+
+    def start(self, c: Any) -> None:
+        if self.safety is None:
+            return
+        self.safety.stale()  # a reconnect may reach another Redis
+        self.safety.current()
+        self.tref = c.timer.call_repeatedly(REFRESH, self.safety.current, priority=10)
+
+    def stop(self, c: Any) -> None:
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
+        close_client(c.app)
+
+    def info(self, c: Any) -> dict[str, Any]:
+        return {"extras_store": self.safety.info()} if self.safety is not None else {}

@@ -5,39 +5,98 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import bootsteps
+from celery import Celery, bootsteps
 from celery.worker.consumer.tasks import Tasks
 
 from ..capability import Capability
+from ..policies.registry import policies_of
 from ..settings import Setting, boolean, integer, number, optional, settings_of
-from ..store import store_url
-from .entry import DUE_SUFFIX
+from ..store import StoreStep, store_url
+from .entry import DUE_SUFFIX, due_queue_name
 from .gate import DELAY_ATTR, ArrivalGate, MoverThread
 from .parking import STORE_ERRORS, Parker, due_queue
 
-__all__ = ["DELAY", "DelayGateStep", "DelayWorkerStep"]
+__all__ = ["DELAY", "DelayGateStep", "DelayWorkerStep", "delayed", "parking_uses"]
 
 logger = logging.getLogger(__name__)
 
 
+def parking_uses(app: Celery) -> list[str]:
+    """Why workers of *app* may park tasks: ``extras_eta_store``, and each task with a
+    ``limit()`` (handed back) or a ``retry_policy()`` (long countdowns). Empty: nothing
+    of the app parks, so its workers need no due queue and no mover."""
+    uses = ["extras_eta_store"] if settings_of(app)["eta_store"] else []
+    for name, task in sorted(app.tasks.items()):
+        policies = policies_of(task)
+        if policies is not None and policies.limit is not None:
+            uses.append(f"limit() on {name}")
+        if policies is not None and policies.retry is not None:
+            uses.append(f"retry_policy() on {name}")
+    return uses
+
+
+def _left_parked(parker: Parker) -> str | None:
+    """Why a worker whose app parks nothing must release all the same: entries parked
+    earlier (before ``extras_eta_store`` or the last policy was taken away), or a store
+    it cannot read at start (it may hold some). ``None``: the store holds none."""
+    try:
+        depth = parker.store.depth()
+    except STORE_ERRORS as exc:
+        return f"the delay store could not be read at start ({exc!r:.100})"
+    return f"{depth} entries parked earlier" if depth else None
+
+
+def delayed(app: Celery) -> dict[str, Any]:
+    """What the delay store holds and who releases it: ``{"depth", "tasks": {name:
+    {"parked", "next_due_in"}}, "uses", "due_queues", "store"}``: why the app parks, the
+    due queues its workers consume for that, and the store's eviction policy."""
+    parker = Parker(app)
+    store = parker.store
+    summary = store.summary()
+    app.loader.import_default_modules()  # the task modules a worker imports (include, imports)
+    uses = parking_uses(app)
+    parker.safety.check()  # read now, not the cached verdict of an earlier call
+    return {
+        "depth": store.depth(),
+        "tasks": {
+            name: {"parked": s.parked, "next_due_in": s.next_in}
+            for name, s in sorted(summary.items())
+        },
+        "uses": uses,
+        "due_queues": sorted(due_queue_name(q) for q in app.amqp.queues) if uses else [],
+        "store": parker.safety.info(),
+    }
+
+
 class DelayWorkerStep(bootsteps.StartStopStep):
-    """Worker step: consume the due queue of each queue, and run this worker's mover."""
+    """Worker step: where the app may park tasks, consume the due queue of each queue and
+    run this worker's mover; elsewhere nothing (no queue, no thread, no polling)."""
 
     label = "extras-delay"
 
     def __init__(self, w: Any, **kwargs: Any) -> None:
         super().__init__(w, **kwargs)
         app = w.app
-        self.enabled = store_url(app) is not None
         self.thread: MoverThread | None = None
-        if not self.enabled:
+        self.uses: list[str] = []
+        self.due_queues: list[str] = []
+        if store_url(app) is None:
             return
         settings = settings_of(app)
         self.parker = Parker(app, settings["delay_tombstone_ttl"])
+        self.uses = parking_uses(app)
+        if not self.uses:
+            left = _left_parked(self.parker)
+            if left is None:
+                return
+            logger.warning("celery-extras: nothing of this app parks tasks, but %s: this "
+                           "worker consumes due queues and releases them", left)  # fmt: skip
+            self.uses = [left]
         queues = app.amqp.queues
         for name in list(queues.consume_from or ()):
             if not name.endswith(DUE_SUFFIX):
                 queues.select_add(due_queue(name))
+                self.due_queues.append(due_queue_name(name))
         self.thread = MoverThread(app, self.parker, settings)
 
     def start(self, w: Any) -> None:
@@ -48,12 +107,13 @@ class DelayWorkerStep(bootsteps.StartStopStep):
         if self.thread is not None:
             self.thread.stop()
 
-    shutdown = stop
+    shutdown = terminate = stop  # the in-process test worker ends with terminate
 
     def info(self, w: Any) -> dict[str, Any]:
         if self.thread is None:
-            return {}
-        out: dict[str, Any] = self.thread.info()
+            return {"extras_delay": {"due_queues": [], "uses": []}}
+        out: dict[str, Any] = {**self.thread.info(), "due_queues": self.due_queues,
+                               "uses": self.uses}  # fmt: skip
         try:
             out["depth"] = out["parked"] = self.parker.store.depth()  # the whole store's
             out["store"] = "ok"
@@ -66,7 +126,7 @@ class DelayGateStep(bootsteps.StartStopStep):
     """Consumer step: every task strategy passes through the :class:`ArrivalGate`."""
 
     label = "extras-delay-gate"
-    requires = (Tasks,)
+    requires = (Tasks, StoreStep)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)

@@ -22,6 +22,7 @@ import redis
 from celery import Celery
 from kombu.entity import Exchange, Queue
 
+from ..outage import OutageLog
 from ..settings import settings_of
 from ..signals import task_parked
 from ..store import (
@@ -30,6 +31,7 @@ from ..store import (
     store_key,
     store_kind,
     store_options,
+    store_safety,
     store_url,
 )
 from .core import DelayStore
@@ -48,7 +50,6 @@ __all__ = [
     "REPLICA_RETRY",
     "STORE_ERRORS",
     "Parker",
-    "delayed",
     "due_queue",
     "origin_queue",
     "park_replicas",
@@ -111,11 +112,16 @@ class Parker:
         self.tombstone_ttl = tombstone_ttl
         self.clock = clock
         self._store: DelayStore | None = None
-        self.down = False
+        self.outage = OutageLog(logger, "delay store")
+        self.safety = store_safety(app)
         #: no replica acknowledged the last park tried; parks fail at once until this time
         self.unreplicated = False
         self._replica_retry_at = 0.0
-        self.counts = {"parked": 0, "park_errors": 0, "park_unreplicated": 0}
+        self.counts = {"parked": 0, "park_errors": 0, "park_unreplicated": 0, "park_refused": 0}
+
+    @property
+    def down(self) -> bool:
+        return self.outage.down
 
     @property
     def store(self) -> DelayStore:
@@ -131,19 +137,16 @@ class Parker:
         return self._store
 
     def store_failed(self, what: str, exc: BaseException) -> None:
-        """Log a store failure once per outage (per process)."""
-        if not self.down:
-            self.down = True
-            logger.error(
-                "celery-extras: the delay store cannot be reached (%r) while %s; waiting "
-                "tasks are held or kept unacked until it answers (logged once per outage)",
-                exc, what,
-            )  # fmt: skip
+        """Log a store failure once per outage (per process); a write refused for memory
+        (``OOM command not allowed``) is one too. The next park reads the store's eviction
+        policy again: the connection that comes back may reach another Redis."""
+        self.safety.stale()
+        self.outage.failed(
+            exc, f"while {what}: waiting tasks are held or kept unacked until it answers"
+        )
 
     def store_answered(self) -> None:
-        if self.down:
-            self.down = False
-            logger.warning("celery-extras: the delay store answers again")
+        self.outage.ok()
 
     def entry(
         self,
@@ -205,6 +208,9 @@ class Parker:
         keeps the message.
         """
         start = time.monotonic()
+        if not self.safety.parks_allowed():
+            self.counts["park_refused"] += 1
+            return False  # the store may evict it (reported at worker start): keep it
         if self.unreplicated and self.clock() < self._replica_retry_at:
             self.counts["park_unreplicated"] += 1
             return False  # no replica acknowledged a park a moment ago: keep it, at once
@@ -235,17 +241,3 @@ class Parker:
             due = max(0.0, delay - (time.monotonic() - start))
             task_parked.send(sender=entry.task, request=request, due=due)
         return True
-
-
-def delayed(app: Celery) -> dict[str, Any]:
-    """What the delay store holds: ``{"depth", "tasks": {name: {"parked", "next_due_in"}}}``."""
-    parker = Parker(app)
-    store = parker.store
-    summary = store.summary()
-    return {
-        "depth": store.depth(),
-        "tasks": {
-            name: {"parked": s.parked, "next_due_in": s.next_in}
-            for name, s in sorted(summary.items())
-        },
-    }

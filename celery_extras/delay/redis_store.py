@@ -16,6 +16,11 @@ one node of a Redis Cluster:
 Every time is read from the server, so workers whose clocks disagree agree on
 when an entry is due; results are returned as seconds from now. No Celery import.
 
+A park is refused when the store is at its ``maxmemory`` (``OOM command not
+allowed``: the caller keeps the message), but claiming, releasing and taking run
+even then (Redis 7's ``allow-oom`` script flag): they write a few bytes and taking
+frees a whole message, so a store that parks filled drains itself.
+
 With *replicas* > 0, :meth:`RedisDelayStore.park` is durable across a failover: the
 park script and ``WAIT replicas timeout`` go in one round trip on one connection,
 and a park no replica acknowledged in time is withdrawn and reported as
@@ -159,6 +164,31 @@ return {1, due_in, kind}
 )
 
 
+#: The flag of the scripts that must run on a store at its ``maxmemory`` (Redis >= 7).
+ALLOW_OOM = "#!lua flags=allow-oom\n"
+
+
+class _DrainingScript:
+    """A script flagged ``allow-oom``, or unflagged on a Redis older than 7.0, which cannot
+    compile the flag (there, as before, a store at its ``maxmemory`` cannot release)."""
+
+    def __init__(self, client: StoreClient, body: str) -> None:
+        self._client = client
+        self._body = body
+        self._script = client.register_script(ALLOW_OOM + body)
+        self._flagged = True
+
+    def __call__(self, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return self._script(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            if not (self._flagged and "compiling script" in str(exc).lower()):
+                raise
+            self._flagged = False
+            self._script = self._client.register_script(self._body)
+            return self._script(keys=keys, args=args)
+
+
 def delay_keys(prefix: str) -> dict[str, str]:
     """The store's keys under *prefix*, all in one hash tag."""
     tag = "{" + prefix + ":delay}"
@@ -217,9 +247,9 @@ class RedisDelayStore:
         self.replica_wait = replica_wait
         self._park = client.register_script(PARK)
         self._withdraw = client.register_script(WITHDRAW)
-        self._claim = client.register_script(CLAIM)
-        self._release = client.register_script(RELEASE)
-        self._take = client.register_script(TAKE)
+        self._claim = _DrainingScript(client, CLAIM)
+        self._release = _DrainingScript(client, RELEASE)
+        self._take = _DrainingScript(client, TAKE)
         self._discard = client.register_script(DISCARD)
 
     @property

@@ -8,6 +8,7 @@ from celery import Celery, bootsteps
 
 from ..capability import Capability
 from ..settings import Setting, choice, number, settings_of
+from ..store import StoreStep
 from .concurrency import SLOTS_ATTR, SlotGate
 from .decorators import track_app
 from .enforce import ENFORCER_ATTR, Enforcer
@@ -20,7 +21,7 @@ class PoliciesStep(bootsteps.StartStopStep):
     and :class:`~.concurrency.SlotGate` (concurrency slots, after the limits)."""
 
     label = "extras-policies"
-    requires = ("celery.worker.consumer.connection:Connection",)
+    requires = ("celery.worker.consumer.connection:Connection", StoreStep)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)

@@ -43,8 +43,9 @@ def worker_state(infos: dict[str, Any]) -> dict[str, Any]:
     store holds, store-wide (``extras_delay.depth``, or ``parked``); ``buffered``:
     messages the fair consumer holds per queue (``extras_queues.buffered``);
     ``concurrency``: per task with ``concurrency()``, the slots the worker holds and
-    the tasks waiting in it for one (``extras_policies.concurrency.tasks``). Only
-    what the worker has is given.
+    the tasks waiting in it for one (``extras_policies.concurrency.tasks``);
+    ``eviction``: the store's ``maxmemory-policy`` and what of celery-extras' data it
+    may evict (``extras_store``). Only what the worker has is given.
     """
     state: dict[str, Any] = {}
     store: dict[str, str] = {}
@@ -54,6 +55,13 @@ def worker_state(infos: dict[str, Any]) -> dict[str, Any]:
             store[capability] = info["store"]
     if store:
         state["store"] = store
+    safety = infos.get("extras_store")
+    if isinstance(safety, dict) and isinstance(safety.get("policy"), str):
+        at_risk = safety.get("at_risk")
+        state["eviction"] = {
+            "policy": safety["policy"],
+            "at_risk": [str(k) for k in at_risk] if isinstance(at_risk, list) else [],
+        }
     for gauge, key, fields in (
         ("waiting", "extras_policies", ("waiting",)),
         ("parked", "extras_delay", ("depth", "parked")),

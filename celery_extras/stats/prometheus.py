@@ -12,6 +12,8 @@ Following Prometheus' conventions (labels ``worker`` and ``task`` on each):
   merges workers. Its ``_count`` equals the ``succeeded`` counter.
 * Gauges: ``celery_extras_store_up{worker, capability}`` (1 when that capability
   of the worker reaches its store, 0 when it reports it down),
+  ``celery_extras_store_evictable{worker, policy}`` (kinds of data the store's
+  ``maxmemory-policy`` may evict; 0 under ``noeviction``),
   ``celery_extras_tasks_waiting{worker}`` (held for a rate limit),
   ``celery_extras_tasks_parked{worker}`` (in the delay store),
   ``celery_extras_queue_buffered{worker, queue}`` (messages the fair consumer holds),
@@ -116,6 +118,12 @@ class ThroughputCollector:
             "1 when this capability of the worker reaches the store, 0 when it reports it down",
             labels=["worker", "capability"],
         )
+        evictable = GaugeMetricFamily(
+            "celery_extras_store_evictable",
+            "Kinds of data celery-extras must not lose that the store's maxmemory-policy may "
+            "evict (0 under noeviction); while parked tasks are among them, nothing is parked",
+            labels=["worker", "policy"],
+        )
         waiting = GaugeMetricFamily(
             "celery_extras_tasks_waiting",
             "Tasks held in the worker for a rate limit",
@@ -181,6 +189,11 @@ class ThroughputCollector:
             state = figures.state
             for capability, status in state.get("store", {}).items():
                 store_up.add_metric([worker, printable(capability)], 1.0 if status == "ok" else 0.0)
+            if "eviction" in state:
+                eviction = state["eviction"]
+                evictable.add_metric(
+                    [worker, printable(eviction["policy"])], len(eviction["at_risk"])
+                )
             if "waiting" in state:
                 waiting.add_metric([worker], state["waiting"])
             if "parked" in state:
@@ -190,7 +203,7 @@ class ThroughputCollector:
             for task_name, slots in state.get("concurrency", {}).items():
                 slots_holding.add_metric([worker, printable(task_name)], slots["holding"])
                 slots_waiting.add_metric([worker, printable(task_name)], slots["waiting"])
-        yield from (totals, runtime, store_up, waiting, parked, buffered, age, window)
+        yield from (totals, runtime, store_up, evictable, waiting, parked, buffered, age, window)
         yield from (slots_holding, slots_waiting)
         yield window_runtime
         yield CounterMetricFamily(

@@ -140,7 +140,7 @@ class StatsRecording(bootsteps.StartStopStep):
             self._receivers.disconnect()
             self._receivers = None
 
-    shutdown = stop
+    shutdown = terminate = stop  # the in-process test worker ends with terminate
 
 
 class TaskCounting(bootsteps.StartStopStep):

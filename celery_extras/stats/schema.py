@@ -219,6 +219,21 @@ def _state(state: Any) -> dict[str, Any]:
         ):
             raise Malformed("extras_state['store'] must map capabilities to short strings")
         checked["store"] = dict(store)
+    eviction = state.get("eviction")
+    if eviction is not None:
+        at_risk = eviction.get("at_risk") if isinstance(eviction, dict) else None
+        if (
+            not isinstance(eviction, dict)
+            or not _short(eviction.get("policy"))
+            or not isinstance(at_risk, list)
+            or len(at_risk) > MAX_WINDOWS
+            or not all(_short(k) for k in at_risk)
+        ):
+            raise Malformed(
+                "extras_state['eviction'] must be {'policy': short string, "
+                "'at_risk': [short strings]}"
+            )
+        checked["eviction"] = {"policy": eviction["policy"], "at_risk": list(at_risk)}
     for gauge in GAUGES:
         value = state.get(gauge)
         if value is not None:

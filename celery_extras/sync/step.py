@@ -15,6 +15,7 @@ from celery import bootsteps
 
 from .. import compat
 from ..settings import settings_of
+from ..store import StoreStep
 from .control import SYNCER_ATTR
 from .state import WorkerRevokes
 from .syncer import Syncer
@@ -40,7 +41,7 @@ class SyncStep(bootsteps.StartStopStep):
     """Consumer step keeping the worker's revoked set and clock in sync (see the module doc)."""
 
     label = "extras-sync"
-    requires = ("celery.worker.consumer.connection:Connection",)
+    requires = ("celery.worker.consumer.connection:Connection", StoreStep)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)

@@ -46,7 +46,9 @@ class PrivateRedis:
     """A ``redis-server`` of the test's own, persisted with an append-only file, so that a
     restart keeps its queues: for broker-restart tests that must not disturb the shared one."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *args: str) -> None:
+        """*args*: more ``redis-server`` options (``"--maxmemory", "3mb"``)."""
+        self.args = args
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
@@ -57,7 +59,8 @@ class PrivateRedis:
     def start(self) -> PrivateRedis:
         self.proc = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)],
+             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir),
+             *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 20

@@ -9,6 +9,7 @@ from celery import Task, shared_task
 from celery_extras import ExponentialBackoff, limit, retry_policy
 
 from .journal import Journal
+from .tasks_eta import eta_task
 
 __all__ = ["eta_task", "limited10", "limited20", "limited40", "long_retry"]
 
@@ -35,13 +36,6 @@ def limited20(self: Task, tag: Any = None) -> Any:
 @shared_task(bind=True, name="tests.delay.limited10")
 def limited10(self: Task, tag: Any = None) -> Any:
     _note(self, tag=tag)
-    return tag
-
-
-@shared_task(bind=True, name="tests.delay.eta_task", acks_late=True)
-def eta_task(self: Task, tag: Any = None, due: float = 0.0) -> Any:
-    """Journals its start beside the time it was due (``due``, epoch seconds)."""
-    _note(self, tag=tag, due=due)
     return tag
 
 

@@ -183,3 +183,33 @@ def test_concurrency_gauges_parse_and_reach_prometheus() -> None:
 def test_bad_concurrency_gauges_are_malformed(value: Any) -> None:
     with pytest.raises(Malformed):
         parse(broken(["extras_state"], {"concurrency": value}))
+
+
+def test_the_eviction_gauge_parses_and_reaches_prometheus() -> None:
+    from celery_extras.stats.emitter import worker_state
+    from celery_extras.stats.prometheus import ThroughputCollector
+
+    store = {"policy": "allkeys-lru", "maxmemory": 3 << 20, "parking": "refused"}
+    infos = {"extras_store": {**store, "at_risk": ["parked tasks", "revokes"]}}
+    state_gauges = worker_state(infos)
+    assert state_gauges == {"eviction": {"policy": "allkeys-lru",
+                                         "at_risk": ["parked tasks", "revokes"]}}  # fmt: skip
+    event = good_event()
+    event["extras_state"] = state_gauges
+    assert parse(event).state == state_gauges
+    state = ClusterState(clock=lambda: 100.0)
+    state.on_event(event)
+    families = {f.name: f for f in ThroughputCollector(state).collect()}
+    [sample] = families["celery_extras_store_evictable"].samples
+    assert sample.labels == {"worker": "w1@h", "policy": "allkeys-lru"} and sample.value == 2.0
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"policy": "x" * 10_000, "at_risk": []}, {"policy": "noeviction"}, {"at_risk": []},
+     {"policy": "allkeys-lru", "at_risk": "parked tasks"}, {"policy": 3, "at_risk": []},
+     {"policy": "p", "at_risk": ["r"] * 1000}, {"policy": "p", "at_risk": [None]}, "allkeys"],
+)  # fmt: skip
+def test_bad_eviction_gauges_are_malformed(value: Any) -> None:
+    with pytest.raises(Malformed):
+        parse(broken(["extras_state"], {"eviction": value}))

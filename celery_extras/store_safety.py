@@ -1,0 +1,238 @@
+"""Whether the store's Redis may drop what celery-extras must not lose.
+
+A Redis whose ``maxmemory-policy`` evicts keys drops them silently: a parked task
+whose message was acked is then gone, a revoked task runs, a concurrency cap is
+exceeded. :data:`KEPT` says what the store keeps that must not be lost and whether
+its keys carry a TTL (the ``volatile-*`` policies evict only those);
+:func:`at_risk` says, per policy, what of it may be evicted. :class:`StoreSafety`
+reads the policy from ``INFO memory`` (it answers where ``CONFIG`` is disabled, as
+on managed Redis) when first asked, again every :data:`REFRESH` seconds, and after
+any store failure (a reconnect may reach another Redis: a failover), and says
+whether parking is allowed. No Celery import.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from .bounds import cut
+
+__all__ = [
+    "KEPT",
+    "PARKED",
+    "REFRESH",
+    "Kept",
+    "StoreSafety",
+    "Verdict",
+    "at_risk",
+]
+
+#: Seconds between two reads of the store's eviction policy (it can change at run time).
+REFRESH = 60.0
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One kind of data the store keeps that must not be lost."""
+
+    what: str
+    #: its keys carry a TTL, so the ``volatile-*`` policies may evict them too
+    expires: bool
+    #: what its eviction does
+    consequence: str
+
+
+PARKED = Kept("parked tasks", False, "a parked task whose message was acked never runs")
+KEPT: tuple[Kept, ...] = (
+    PARKED,
+    Kept("revokes", False, "a revoked task runs"),
+    Kept("limit and cap overrides", False, "a task runs at its decorated limit again"),
+    Kept("retry failure memory", True, "a retried item's backoff starts over"),
+    Kept("concurrency slot holds", True, "a concurrency cap is exceeded"),
+)
+
+
+def at_risk(policy: str) -> tuple[Kept, ...]:
+    """What of :data:`KEPT` a Redis with ``maxmemory-policy`` *policy* may evict.
+
+    ``noeviction`` evicts nothing (a write over ``maxmemory`` is refused instead);
+    ``volatile-*`` only keys with a TTL; ``allkeys-*``, and any policy not known
+    here, everything.
+    """
+    if policy == "noeviction":
+        return ()
+    if policy.startswith("volatile-"):
+        return tuple(k for k in KEPT if k.expires)
+    return KEPT
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one look at the store found."""
+
+    policy: str
+    maxmemory: int
+    risk: tuple[Kept, ...]
+    #: ``"aof"``, ``"rdb"``, ``"aof+rdb"``, ``"none"`` or ``"unknown"`` (``CONFIG`` disabled)
+    persistence: str
+    checked_at: float = field(compare=False, default=0.0)
+
+    @property
+    def risk_text(self) -> str:
+        return ", ".join(k.what for k in self.risk)
+
+
+def _nodes(answer: Any) -> Iterator[Mapping[str, Any]]:
+    """The per-node answers of *answer* (a Redis Cluster client answers per node)."""
+    if (
+        isinstance(answer, Mapping)
+        and answer
+        and all(isinstance(v, Mapping) for v in answer.values())
+    ):
+        yield from answer.values()
+    elif isinstance(answer, Mapping):
+        yield answer
+
+
+def read_policy(client: Any) -> tuple[str, int]:
+    """``(maxmemory-policy, maxmemory)`` of the store; of a cluster, the worst node's."""
+    policies: list[tuple[str, int]] = []
+    for node in _nodes(client.info("memory")):
+        policy = node.get("maxmemory_policy")
+        if isinstance(policy, str) and policy:
+            maxmemory = node.get("maxmemory")
+            policies.append((policy, maxmemory if isinstance(maxmemory, int) else 0))
+    if not policies:
+        return "unknown", 0
+    return max(policies, key=lambda p: len(at_risk(p[0])))
+
+
+def read_persistence(client: Any) -> str:
+    """How the store survives a restart; ``"unknown"`` where ``CONFIG`` is refused."""
+    aof = any(node.get("aof_enabled") in (1, "1") for node in _nodes(client.info("persistence")))
+    try:
+        saves = [node.get("save") for node in _nodes(client.config_get("save")) if "save" in node]
+    except redis.ResponseError:  # CONFIG disabled or renamed (managed Redis)
+        return "aof" if aof else "unknown"
+    rdb = bool(saves) and all(isinstance(s, str) and s.strip() for s in saves)
+    return "+".join(kind for kind, on in (("aof", aof), ("rdb", rdb)) if on) or "none"
+
+
+class StoreSafety:
+    """The store's eviction policy as last read, and what it means for parking.
+
+    *client* returns the store's client. With *logger*, every change of verdict is
+    logged (an error naming the policy, what is at risk and the fix; a warning when
+    the risk is gone), and a store that keeps nothing across a restart is warned of
+    once. *allow_eviction* (``extras_store_allow_eviction``) lets parks go on into an
+    evicting store anyway.
+    """
+
+    def __init__(
+        self,
+        client: Callable[[], Any],
+        *,
+        allow_eviction: bool = False,
+        logger: logging.Logger | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        refresh: float = REFRESH,
+    ) -> None:
+        self.client = client
+        self.allow_eviction = allow_eviction
+        self.logger = logger
+        self.clock = clock
+        self.refresh = refresh
+        self.verdict: Verdict | None = None
+        self.refused = 0  # parks refused for eviction
+        self._due = 0.0
+        self._warned_persistence = False
+        self._lock = threading.Lock()
+
+    def stale(self) -> None:
+        """Read the policy again at the next question (a store call failed: the next
+        connection may reach another Redis)."""
+        self._due = 0.0
+
+    def check(self) -> Verdict:
+        """Read the policy now (store errors propagate); log a change of verdict."""
+        client = self.client()
+        policy, maxmemory = read_policy(client)
+        persistence = self.verdict.persistence if self.verdict else read_persistence(client)
+        verdict = Verdict(policy, maxmemory, at_risk(policy), persistence, self.clock())
+        with self._lock:
+            previous, self.verdict = self.verdict, verdict
+            self._due = verdict.checked_at + self.refresh
+        if self.logger is not None:
+            self._log(previous, verdict)
+        return verdict
+
+    def current(self) -> Verdict | None:
+        """The verdict, read again first when it is older than :attr:`refresh` (or stale);
+        ``None`` when the store cannot be read (an outage: the callers' own handling)."""
+        if self.verdict is None or self.clock() >= self._due:
+            try:
+                return self.check()
+            except Exception:  # unreadable (an outage): the caller's own call meets it
+                self.stale()
+                return None
+        return self.verdict
+
+    def parks_allowed(self) -> bool:
+        """``False`` when the store may evict parked tasks and that was not allowed."""
+        verdict = self.current()
+        if verdict is None or self.allow_eviction or PARKED not in verdict.risk:
+            return True  # unreadable: the park itself meets the outage, if it is one
+        self.refused += 1
+        return False
+
+    def info(self) -> dict[str, Any]:
+        verdict = self.verdict
+        if verdict is None:
+            return {"policy": "unknown"}
+        out: dict[str, Any] = {
+            "policy": verdict.policy,
+            "maxmemory": verdict.maxmemory,
+            "at_risk": [k.what for k in verdict.risk],
+            "persistence": verdict.persistence,
+        }
+        if PARKED in verdict.risk:
+            out["parking"] = "allowed" if self.allow_eviction else "refused"
+            out["parks_refused"] = self.refused
+        return out
+
+    def _log(self, previous: Verdict | None, verdict: Verdict) -> None:
+        assert self.logger is not None
+        if previous is None or previous.risk != verdict.risk or previous.policy != verdict.policy:
+            if verdict.risk:
+                parking = (
+                    "parking goes on (extras_store_allow_eviction)"
+                    if self.allow_eviction
+                    else "nothing is parked there: waits stay held in the worker or unacked"
+                )
+                self.logger.error(
+                    "celery-extras: the store's Redis has maxmemory-policy %s, which may evict "
+                    "%s (%s); %s. Fix: maxmemory-policy noeviction, or a Redis of its own "
+                    "for the store (extras_redis_url); extras_store_allow_eviction = True "
+                    "accepts the risk",
+                    cut(verdict.policy, 60), verdict.risk_text,
+                    "; ".join(k.consequence for k in verdict.risk), parking,
+                )  # fmt: skip
+            elif previous is not None and previous.risk:
+                self.logger.warning(
+                    "celery-extras: the store's Redis has maxmemory-policy %s now: nothing "
+                    "celery-extras keeps there can be evicted",
+                    cut(verdict.policy, 60),
+                )
+        if verdict.persistence == "none" and not self._warned_persistence:
+            self._warned_persistence = True
+            self.logger.warning(
+                "celery-extras: the store's Redis keeps nothing on disk (no AOF, no RDB "
+                "snapshots): parked tasks, revokes and slot holds would not survive its restart"
+            )
