@@ -101,10 +101,17 @@ def _nodes(answer: Any) -> Iterator[Mapping[str, Any]]:
         yield answer
 
 
+def _masters(client: Any) -> dict[str, Any]:
+    """Options that send a command to every master: a Redis Cluster client sends ``INFO``
+    and ``CONFIG GET`` to one default node unless told."""
+    primaries = getattr(client, "get_primaries", None)
+    return {"target_nodes": primaries()} if callable(primaries) else {}
+
+
 def read_policy(client: Any) -> tuple[str, int]:
-    """``(maxmemory-policy, maxmemory)`` of the store; of a cluster, the worst node's."""
+    """``(maxmemory-policy, maxmemory)`` of the store; of a cluster, the worst master's."""
     policies: list[tuple[str, int]] = []
-    for node in _nodes(client.info("memory")):
+    for node in _nodes(client.info("memory", **_masters(client))):
         policy = node.get("maxmemory_policy")
         if isinstance(policy, str) and policy:
             maxmemory = node.get("maxmemory")
@@ -115,10 +122,17 @@ def read_policy(client: Any) -> tuple[str, int]:
 
 
 def read_persistence(client: Any) -> str:
-    """How the store survives a restart; ``"unknown"`` where ``CONFIG`` is refused."""
-    aof = any(node.get("aof_enabled") in (1, "1") for node in _nodes(client.info("persistence")))
+    """How the store survives a restart (of a cluster: what every master does);
+    ``"unknown"`` where ``CONFIG`` is refused."""
+    masters = _masters(client)
+    answers = list(_nodes(client.info("persistence", **masters)))
+    aof = bool(answers) and all(node.get("aof_enabled") in (1, "1") for node in answers)
     try:
-        saves = [node.get("save") for node in _nodes(client.config_get("save")) if "save" in node]
+        saves = [
+            node.get("save")
+            for node in _nodes(client.config_get("save", **masters))
+            if "save" in node
+        ]
     except redis.ResponseError:  # CONFIG disabled or renamed (managed Redis)
         return "aof" if aof else "unknown"
     rdb = bool(saves) and all(isinstance(s, str) and s.strip() for s in saves)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 
+from celery_extras.store_safety import StoreSafety
 from tests.integration.conftest import Cluster
 from tests.integration.test_stats_cli import extras
 from tests.support.brokers import PrivateRedis
@@ -191,3 +192,24 @@ def test_tasks_parked_before_the_eta_store_was_turned_off_still_run(
     assert active_queues(cluster, second.hostname) == [ns, f"{ns}.extras-due"]
     assert "nothing of this app parks tasks, but 5 entries parked earlier" in second.log()
     ran_once_each(journal, range(5), timeout=60)
+
+
+def test_the_policy_is_read_on_every_topology(client: Any) -> None:
+    """A cluster client sends ``INFO`` to one node unless told: every master is read, and
+    the cluster is as safe as its worst master (changed only on the private cluster)."""
+    verdict = StoreSafety(lambda: client).check()
+    assert (verdict.policy, verdict.risk) == ("noeviction", ())
+    assert verdict.persistence in ("none", "aof", "rdb", "aof+rdb"), verdict
+    if not hasattr(client, "get_primaries"):
+        return
+    for node in client.get_primaries():
+        client.config_set("maxmemory-policy", "volatile-ttl", target_nodes=node)
+        try:
+            verdict = StoreSafety(lambda: client).check()
+            assert verdict.policy == "volatile-ttl", node
+            assert [k.what for k in verdict.risk] == [
+                "retry failure memory",
+                "concurrency slot holds",
+            ]
+        finally:
+            client.config_set("maxmemory-policy", "noeviction", target_nodes=node)
