@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, TypeAlias, cast
 from urllib.parse import unquote, urlsplit
 
@@ -172,8 +172,21 @@ def _retry() -> Retry:
     return Retry(ExponentialBackoff(cap=0.2, base=0.05), retries=1)
 
 
-def _common() -> dict[str, Any]:
+#: Called after each new connection of a store client is made (a reconnect, a failover).
+OnConnect: TypeAlias = "Callable[[], None] | None"
+
+
+def _common(on_connect: OnConnect = None) -> dict[str, Any]:
+    hooks: dict[str, Any] = {}
+    if on_connect is not None:
+
+        def connected(connection: Any) -> None:
+            connection.on_connect()  # what redis-py does when given no hook
+            on_connect()
+
+        hooks["redis_connect_func"] = connected
     return {
+        **hooks,
         "socket_timeout": TIMEOUT,
         "socket_connect_timeout": TIMEOUT,
         "client_name": CLIENT_NAME,
@@ -183,17 +196,20 @@ def _common() -> dict[str, Any]:
     }
 
 
-def connect(url: str, options: Mapping[str, Any]) -> StoreClient:
-    """A new client for the store at *url*; :class:`ValueError` naming what is wrong."""
+def connect(url: str, options: Mapping[str, Any], on_connect: OnConnect = None) -> StoreClient:
+    """A new client for the store at *url*; :class:`ValueError` naming what is wrong.
+
+    *on_connect* is called after every new connection the client makes.
+    """
     kind = store_kind(url, options)
     if kind == "cluster":
-        return _cluster(url)
+        return _cluster(url, on_connect)
     if kind == "sentinel":
-        return _sentinel(url, options)
-    return redis.Redis.from_url(url, health_check_interval=30, **_common())
+        return _sentinel(url, options, on_connect)
+    return redis.Redis.from_url(url, health_check_interval=30, **_common(on_connect))
 
 
-def _cluster(url: str) -> redis.RedisCluster:
+def _cluster(url: str, on_connect: OnConnect = None) -> redis.RedisCluster:
     parts = [p for p in url.split(";") if p]
     nodes = []
     for part in parts:
@@ -206,6 +222,8 @@ def _cluster(url: str) -> redis.RedisCluster:
         raise ValueError(f"store URL {url!r}: a Redis Cluster has database 0 only")
     kwargs = _common()
     kwargs.pop("retry_on_error")  # the cluster client retries its own errors, MOVED/ASK too
+    if on_connect is not None:  # called after the cluster client's own on_connect
+        kwargs["redis_connect_func"] = lambda connection: on_connect()
     if first.password:
         kwargs["password"] = unquote(first.password)
     if first.username:
@@ -275,7 +293,7 @@ class LazyCluster:
         return call
 
 
-def _sentinel(url: str, options: Mapping[str, Any]) -> redis.Redis:
+def _sentinel(url: str, options: Mapping[str, Any], on_connect: OnConnect = None) -> redis.Redis:
     master_name = options.get("master_name")
     if not isinstance(master_name, str) or not master_name:
         raise ValueError(
@@ -315,7 +333,7 @@ def _sentinel(url: str, options: Mapping[str, Any]) -> redis.Redis:
         **_common(),
     )
     master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        master_name, db=db, **extra, **_common()
+        master_name, db=db, **extra, **_common(on_connect)
     )
     return master
 
@@ -335,8 +353,16 @@ def redis_client(app: Celery) -> StoreClient:
                     "celery-extras needs a Redis store: set extras_redis_url "
                     "(the broker and result backend are not Redis)"
                 )
+            ref = weakref.ref(app)
+
+            def reconnected() -> None:  # the next park reads the eviction policy again
+                owner = ref()
+                safety = _safety.get(owner) if owner is not None else None
+                if safety is not None:
+                    safety.stale()
+
             try:
-                client = connect(url, store_options(app))
+                client = connect(url, store_options(app), reconnected)
             except ValueError as exc:
                 raise StoreUnavailable(str(exc)) from None
             _clients[app] = client

@@ -7,8 +7,8 @@ its keys carry a TTL (the ``volatile-*`` policies evict only those);
 :func:`at_risk` says, per policy, what of it may be evicted. :class:`StoreSafety`
 reads the policy from ``INFO memory`` (it answers where ``CONFIG`` is disabled, as
 on managed Redis) when first asked, again every :data:`REFRESH` seconds, and after
-any store failure (a reconnect may reach another Redis: a failover), and says
-whether parking is allowed. No Celery import.
+every new connection or store failure (a reconnect may reach another Redis: a
+failover), and says whether parking is allowed. No Celery import.
 """
 
 from __future__ import annotations

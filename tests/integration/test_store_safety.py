@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 import redis
 
+from celery_extras.store import close_client, redis_client, store_safety
 from celery_extras.store_safety import StoreSafety
 from tests.integration.conftest import Cluster
 from tests.integration.test_stats_cli import extras
-from tests.support.brokers import PrivateRedis
+from tests.support import proj
+from tests.support.brokers import REDIS_URL, PrivateRedis
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
@@ -213,3 +215,22 @@ def test_the_policy_is_read_on_every_topology(client: Any) -> None:
             ]
         finally:
             client.config_set("maxmemory-policy", "noeviction", target_nodes=node)
+
+
+def test_the_policy_is_read_again_after_a_reconnect(small_store: PrivateRedis, ns: str) -> None:
+    """A reconnect may reach another Redis (a failover): the verdict is read again then,
+    not only every 60 s."""
+    app = proj.make_app(REDIS_URL, ns, {"extras_redis_url": small_store.url})
+    admin = redis.Redis.from_url(small_store.url)
+    try:
+        safety = store_safety(app)
+        assert safety.parks_allowed() and safety.verdict is not None
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+        assert safety.parks_allowed(), "read at most every 60 s while connected"
+        admin.client_kill_filter(_type="normal", skipme=True)  # every connection of ours
+        redis_client(app).ping()  # reconnects
+        assert not safety.parks_allowed()
+        assert safety.verdict is not None and safety.verdict.policy == "allkeys-lru"
+    finally:
+        close_client(app)
+        app.close()
