@@ -234,3 +234,22 @@ def test_the_policy_is_read_again_after_a_reconnect(small_store: PrivateRedis, n
     finally:
         close_client(app)
         app.close()
+
+
+NO_DISK = "the store's Redis keeps nothing on disk (no AOF, no RDB snapshots)"
+
+
+@pytest.mark.parametrize("appendonly", ["yes", "no"])
+def test_a_store_that_keeps_nothing_on_disk_is_warned_of_once(
+    cluster: Cluster, tmp_path: Path, appendonly: str
+) -> None:
+    (tmp_path / "store").mkdir()
+    store = PrivateRedis(tmp_path / "store", "--appendonly", appendonly).start()
+    try:
+        cluster.configure(extras_redis_url=store.url)
+        worker = cluster.worker("w1", concurrency=2)
+        stats = stats_of(cluster, worker.hostname)["extras_store"]
+        assert stats["persistence"] == ("aof" if appendonly == "yes" else "none")
+        assert worker.log().count(NO_DISK) == (0 if appendonly == "yes" else 1)
+    finally:
+        store.stop()
