@@ -35,133 +35,26 @@ from typing import Any, cast
 import redis
 from redis.exceptions import NoScriptError, RedisClusterException
 
+from ..scripts import load
 from ..store import LazyCluster, StoreClient
 from .core import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
 from .entry import Entry
 
 __all__ = ["ParkNotReplicated", "RedisDelayStore", "delay_keys"]
 
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-#: KEYS: due, meta, msg. ARGV: id, delay ms, meta JSON, entry JSON. Returns 1 parked, 0 known.
-#: A known entry's meta is written again, unchanged: every park then propagates a write, so a
-#: ``WAIT`` after it covers the entry whichever connection first wrote it.
-PARK = (
-    _NOW
-    + """
-local known = redis.call('HGET', KEYS[2], ARGV[1])
-if known then
-  redis.call('HSET', KEYS[2], ARGV[1], known)
-  return 0
-end
-local m = cjson.decode(ARGV[3])
-m.d = now + tonumber(ARGV[2])
-m.c = nil
-redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(m))
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
-redis.call('ZADD', KEYS[1], m.d, ARGV[1])
-return 1
-"""
-)
-
-#: KEYS: due, meta, msg, taken. ARGV: lead ms, lease ms, tombstone ttl ms, max tokens, tokens...
-#: Returns {next due in ms or -1 when empty, id, token, attempt, raw, due in ms, ...}.
-CLAIM = (
-    _NOW
-    + """
-local lead, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
-local max_tokens = tonumber(ARGV[4])
-local limit = #ARGV - 4
-local out = {}
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + lead, 'LIMIT', 0, limit)
-local n = 0
-for _, id in ipairs(ids) do
-  local raw = redis.call('HGET', KEYS[2], id)
-  local msg = redis.call('HGET', KEYS[3], id)
-  local ok, m = false, nil
-  if raw then ok, m = pcall(cjson.decode, raw) end
-  if not ok or type(m) ~= 'table' or m.x or not msg then
-    redis.call('ZREM', KEYS[1], id)
-    if not (ok and type(m) == 'table' and m.x) then
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('HDEL', KEYS[3], id)
-    end
-  else
-    n = n + 1
-    local token = ARGV[4 + n]
-    local tokens = m.c or {}
-    table.insert(tokens, token)
-    while #tokens > max_tokens do table.remove(tokens, 1) end
-    m.c = tokens
-    redis.call('HSET', KEYS[2], id, cjson.encode(m))
-    redis.call('ZADD', KEYS[1], now + lease, id)
-    local due = tonumber(m.d) or now
-    table.insert(out, id)
-    table.insert(out, token)
-    table.insert(out, #tokens)
-    table.insert(out, msg)
-    table.insert(out, due - now)
-  end
-end
-local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - tonumber(ARGV[3]), 'LIMIT', 0, 200)
-for _, id in ipairs(old) do
-  redis.call('ZREM', KEYS[4], id)
-  redis.call('HDEL', KEYS[2], id)
-end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local next_in = -1
-if first[2] then next_in = math.max(0, tonumber(first[2]) - now) end
-table.insert(out, 1, next_in)
-return out
-"""
-)
-
-#: KEYS: due, meta. ARGV: id, token, recheck ms. Returns 1 when the release was recorded.
-RELEASE = (
-    _NOW
-    + """
-local raw = redis.call('HGET', KEYS[2], ARGV[1])
-if not raw then return 0 end
-local ok, m = pcall(cjson.decode, raw)
-if not ok or type(m) ~= 'table' or m.x or type(m.c) ~= 'table' or m.c[#m.c] ~= ARGV[2] then
-  return 0
-end
-redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[3]), ARGV[1])
-return 1
-"""
-)
-
-#: KEYS: due, meta, msg, taken. ARGV: id, task id, token.
-#: Returns {status, due in ms, kind}: status 0 unknown, 1 taken, 2 redelivered, 3 duplicate.
-TAKE = (
-    _NOW
-    + """
-local raw = redis.call('HGET', KEYS[2], ARGV[1])
-if not raw then return {0, 0, ''} end
-local ok, m = pcall(cjson.decode, raw)
-if not ok or type(m) ~= 'table' or m.t ~= ARGV[2] or type(m.c) ~= 'table' then
-  return {0, 0, ''}
-end
-local issued = false
-for _, token in ipairs(m.c) do if token == ARGV[3] then issued = true end end
-if not issued then return {0, 0, ''} end
-local due_in = (tonumber(m.d) or now) - now
-local kind = tostring(m.k or '')
-if m.x then
-  if m.x == ARGV[3] then return {2, due_in, kind} end
-  return {3, due_in, kind}
-end
-m.x = ARGV[3]
-redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(m))
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[4], now, ARGV[1])
-return {1, due_in, kind}
-"""
-)
+# Each script's KEYS, ARGV and reply are documented atop its file in celery_extras/scripts/.
+#: Every timed script starts with the Redis server's time in ms (``scripts/now_ms.lua``).
+_NOW = load("now_ms")
+#: Store an entry unless known (``scripts/delay_park.lua``).
+PARK = _NOW + load("delay_park")
+#: Claim the entries due within a lead, and prune old tombstones (``scripts/delay_claim.lua``).
+#: This and the next two run through :class:`_DrainingScript` (the ``allow-oom`` flag line
+#: goes first, before this text).
+CLAIM = _NOW + load("delay_claim")
+#: Put a claimed entry back for a re-check (``scripts/delay_release.lua``).
+RELEASE = _NOW + load("delay_release")
+#: Take an entry with a claim token, once (``scripts/delay_take.lua``).
+TAKE = _NOW + load("delay_take")
 
 
 #: The flag of the scripts that must run on a store at its ``maxmemory`` (Redis >= 7).
@@ -195,32 +88,14 @@ def delay_keys(prefix: str) -> dict[str, str]:
     return {name: f"{tag}:{name}" for name in ("due", "meta", "msg", "taken")}
 
 
-#: Drop an entry whatever its state (KEYS: due, meta, msg). A script, not MULTI: one call on
-#: any Redis, Cluster included (redis-py 5's cluster client has no transactions).
-DISCARD = """
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-return 1
-"""
+#: Drop an entry whatever its state (``scripts/delay_discard.lua``). A script, not MULTI: one
+#: call on any Redis, Cluster included (redis-py 5's cluster client has no transactions).
+DISCARD = load("delay_discard")
 
 
-#: Take back a park no replica acknowledged (KEYS: due, meta, msg; ARGV: id). Returns 1 when
-#: the entry is gone (withdrawn, or never there), 0 when a mover claimed it or a worker took it
-#: meanwhile: a copy may be published already, so the park stands. Withdrawn leaves no
-#: tombstone, so parking the same message again later stores it anew.
-WITHDRAW = """
-local raw = redis.call('HGET', KEYS[2], ARGV[1])
-if not raw then return 1 end
-local ok, m = pcall(cjson.decode, raw)
-if ok and type(m) == 'table' and (m.x or (type(m.c) == 'table' and #m.c > 0)) then
-  return 0
-end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-return 1
-"""
+#: Take back a park no replica acknowledged, unless claimed or taken meanwhile
+#: (``scripts/delay_withdraw.lua``).
+WITHDRAW = load("delay_withdraw")
 
 
 class ParkNotReplicated(redis.RedisError):

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ..checks import is_int
+from ..scripts import load
 from .spec import MAX_CONCURRENCY
 from .stored_table import StoredTable
 
@@ -53,153 +54,19 @@ HANDOVER_PATIENCE = 1.0
 CAP_REFRESH = 1.0
 
 #: Every script starts with the Redis server's time in ms (workers' clocks do not matter).
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-#: KEYS: holders, queue, tickets. Drops the holders past their lease and the dead tickets.
-_PRUNE = (
-    _NOW
-    + """redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for _, w in ipairs(dead) do
-  redis.call('ZREM', KEYS[2], w)
-  redis.call('ZREM', KEYS[3], w)
-end
-"""
-)
-
-#: KEYS: holders, queue, tickets. ARGV: cap, holder, lease ms, worker, more (1: this worker
-#: has more waiting after this one), ticket lease ms. Returns {taken 0/1, holders, retry ms}.
-ACQUIRE_SCRIPT = (
-    _PRUNE
-    + """local cap, holder, lease = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local worker, more, tlease = ARGV[4], ARGV[5], tonumber(ARGV[6])
-local held = redis.call('ZCARD', KEYS[1])
-local function last(key)
-  local tail = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if tail[2] and tonumber(tail[2]) >= now then return tonumber(tail[2]) + 1 end
-  return now
-end
-local function keep(key, ms)
-  local ttl = redis.call('PTTL', key)
-  if ttl < ms then redis.call('PEXPIRE', key, ms) end
-end
-if redis.call('ZSCORE', KEYS[1], holder) then
-  return {1, held, 0}
-end
-local rank = redis.call('ZRANK', KEYS[2], worker)
-local ahead = rank or redis.call('ZCARD', KEYS[2])
-if held < cap and ahead < cap - held then
-  redis.call('ZADD', KEYS[1], now + lease, holder)
-  keep(KEYS[1], lease + 1000)
-  redis.call('ZREM', KEYS[2], worker)
-  redis.call('ZREM', KEYS[3], worker)
-  if more == '1' then
-    redis.call('ZADD', KEYS[2], last(KEYS[2]), worker)
-    redis.call('ZADD', KEYS[3], now + tlease, worker)
-    keep(KEYS[2], tlease + 1000)
-    keep(KEYS[3], tlease + 1000)
-  end
-  return {1, held + 1, 0}
-end
-if not rank then redis.call('ZADD', KEYS[2], last(KEYS[2]), worker) end
-redis.call('ZADD', KEYS[3], now + tlease, worker)
-keep(KEYS[2], tlease + 1000)
-keep(KEYS[3], tlease + 1000)
-local retry = lease
-if held >= cap then
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if first[2] then retry = tonumber(first[2]) - now end
-else
-  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-  if first[2] then retry = tonumber(first[2]) - now end
-end
-if retry < 1 then retry = 1 end
-return {0, held, retry}
-"""
-)
-
-#: KEYS: holders, queue, tickets. ARGV: holder, channel, notice, then for a hand-over to the
-#: releasing worker's next waiter: its holder id ('' for none), lease ms, patience ms, worker,
-#: cap, more (1: still more waiting), ticket lease ms. The slot goes straight to that waiter
-#: when the worker is first in the queue or the first ticket has waited less than the
-#: patience (so a worker at the head of the queue waits at most that much longer than in
-#: strict order). Returns {1 if it held a slot, 1 if handed over}.
-RELEASE_SCRIPT = (
-    _PRUNE
-    + """local found = redis.call('ZREM', KEYS[1], ARGV[1])
-local nxt = ARGV[4] or ''
-if nxt ~= '' and redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[8]) then
-  local lease, patience, worker = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-  local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  if not head[1] or head[1] == worker or now - tonumber(head[2]) < patience then
-    redis.call('ZADD', KEYS[1], now + lease, nxt)
-    if redis.call('PTTL', KEYS[1]) < lease + 1000 then
-      redis.call('PEXPIRE', KEYS[1], lease + 1000)
-    end
-    local tlease = tonumber(ARGV[10])
-    if head[1] == worker or ARGV[9] ~= '1' then
-      redis.call('ZREM', KEYS[2], worker)
-      redis.call('ZREM', KEYS[3], worker)
-    end
-    if ARGV[9] == '1' and not redis.call('ZSCORE', KEYS[2], worker) then
-      local tail = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-      local score = now
-      if tail[2] and tonumber(tail[2]) >= now then score = tonumber(tail[2]) + 1 end
-      redis.call('ZADD', KEYS[2], score, worker)
-      redis.call('ZADD', KEYS[3], now + tlease, worker)
-      redis.call('PEXPIRE', KEYS[2], tlease + 1000)
-      redis.call('PEXPIRE', KEYS[3], tlease + 1000)
-    end
-    return {found, 1}
-  end
-end
-if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-else
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
-end
-return {found, 0}
-"""
-)
-
-#: KEYS: holders. ARGV: lease ms, holder ids... Returns the ids whose lease had run out.
-RENEW_SCRIPT = (
-    _NOW
-    + """local lease = tonumber(ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local lost = {}
-for i = 2, #ARGV do
-  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
-    redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i])
-  else
-    table.insert(lost, ARGV[i])
-  end
-end
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl >= 0 and ttl < lease + 1000 then redis.call('PEXPIRE', KEYS[1], lease + 1000) end
-return lost
-"""
-)
-
-#: KEYS: queue, tickets. ARGV: ticket lease ms, worker, leave (1: drop the ticket).
-TICKET_SCRIPT = (
-    _NOW
-    + """if ARGV[3] == '1' then
-  redis.call('ZREM', KEYS[1], ARGV[2])
-  redis.call('ZREM', KEYS[2], ARGV[2])
-  return 0
-end
-if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
-  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) + 1000)
-  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[1]) + 1000)
-  return 1
-end
-return 0
-"""
-)
+_NOW = load("now_ms")
+#: Drops the holders past their lease and the dead tickets (``scripts/slots_prune.lua``).
+_PRUNE = _NOW + load("slots_prune")
+# Each script's KEYS, ARGV and reply are documented atop its file in celery_extras/scripts/.
+#: Take a slot, or queue the worker's ticket (``scripts/slots_acquire.lua``).
+ACQUIRE_SCRIPT = _PRUNE + load("slots_acquire")
+#: Free a slot, or hand it to the releasing worker's next waiter when the queue allows
+#: (``scripts/slots_release.lua``).
+RELEASE_SCRIPT = _PRUNE + load("slots_release")
+#: Extend holders' leases (``scripts/slots_renew.lua``).
+RENEW_SCRIPT = _NOW + load("slots_renew")
+#: Keep a worker's ticket alive, or drop it (``scripts/slots_ticket.lua``).
+TICKET_SCRIPT = _NOW + load("slots_ticket")
 
 
 def _ms(seconds: float) -> int:

@@ -35,6 +35,7 @@ from typing import Any
 
 import redis
 
+from ..scripts import load
 from .digest import Version
 from .entries import (
     Parsed,
@@ -54,117 +55,16 @@ SHARDS = 8
 #: The unsharded keys of earlier versions, read on a full pull: ``<prefix>:sync:<part>``.
 LEGACY_PARTS = ("revoked", "stamps", "clock")
 
-_COMMON = """
-local now = tonumber(ARGV[1])
-local max = tonumber(ARGV[2])
-local function counter(raw)
-  return raw and string.len(raw) <= 18 and string.match(raw, '^%d+$') ~= nil
-end
-local seq_raw = redis.call('GET', KEYS[4])
-local epoch_raw = redis.call('GET', KEYS[6])
-if (seq_raw and not counter(seq_raw)) or (epoch_raw and string.len(epoch_raw) > 64) then
-  -- garbage where the counter or the epoch should be: start a new epoch, so every
-  -- worker reads the whole shard again instead of trusting its cursor, and log every
-  -- entry afresh (a whole read is a read of the log from 0)
-  redis.call('DEL', KEYS[3])
-  local seq = 0
-  for _, part in ipairs({{KEYS[1], 'i:'}, {KEYS[2], 's:'}}) do
-    for _, member in ipairs(redis.call('ZRANGE', part[1], 0, -1)) do
-      seq = seq + 1
-      redis.call('ZADD', KEYS[3], seq, part[2] .. member)
-    end
-  end
-  redis.call('SET', KEYS[4], seq)
-  redis.call('SET', KEYS[6], ARGV[4])
-end
-redis.call('SET', KEYS[6], ARGV[4], 'NX')
-local function trim(key, tag)
-  local gone = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, 10000)
-  for _, member in ipairs(gone) do
-    redis.call('ZREM', key, member)
-    redis.call('ZREM', KEYS[3], tag .. member)
-  end
-  local extra = redis.call('ZCARD', key) - max
-  if extra > 0 then
-    local popped = redis.call('ZPOPMIN', key, extra)
-    for j = 1, #popped, 2 do redis.call('ZREM', KEYS[3], tag .. popped[j]) end
-  end
-end
-local function merge_clock()
-  local stored = redis.call('GET', KEYS[5])
-  if (not counter(stored)) or tonumber(stored) < tonumber(ARGV[3]) then
-    redis.call('SET', KEYS[5], ARGV[3])
-    return ARGV[3]
-  end
-  return stored
-end
-"""
-
-# KEYS: revoked stamps log seq clock epoch
-# ARGV: now max clock new_epoch n_ids (id expiry)*n_ids (stamp expiry)*
-_WRITE = (
-    _COMMON
-    + """
-local changed = 0
-local function put(key, tag, member, expiry)
-  local old = redis.call('ZSCORE', key, member)
-  if tonumber(expiry) > now and ((not old) or tonumber(old) < tonumber(expiry)) then
-    redis.call('ZADD', key, expiry, member)
-    local seq = redis.call('INCR', KEYS[4])
-    redis.call('ZADD', KEYS[3], seq, tag .. member)
-    changed = changed + 1
-  end
-end
-local n_ids = tonumber(ARGV[5])
-local i = 6
-for _ = 1, n_ids do put(KEYS[1], 'i:', ARGV[i], ARGV[i + 1]); i = i + 2 end
-while i < #ARGV do put(KEYS[2], 's:', ARGV[i], ARGV[i + 1]); i = i + 2 end
-trim(KEYS[1], 'i:')
-trim(KEYS[2], 's:')
-return {changed, redis.call('GET', KEYS[4]) or '0', merge_clock()}
-"""
-)
-
-# ARGV: now max clock new_epoch
-_PROBE = (
-    _COMMON
-    + """
-trim(KEYS[1], 'i:')
-trim(KEYS[2], 's:')
-return {redis.call('GET', KEYS[6]), redis.call('GET', KEYS[4]) or '0', merge_clock()}
-"""
-)
-
-# ARGV: now max clock new_epoch after_seq limit
-# -> epoch, seq, clock, the seq read up to, JSON [ids, stamps] (flat member/expiry lists)
-_PULL = (
-    _COMMON
-    + """
-local out = {redis.call('GET', KEYS[6]), redis.call('GET', KEYS[4]) or '0', merge_clock()}
-local limit = tonumber(ARGV[6])
-local changed = redis.call(
-  'ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[5], '+inf', 'WITHSCORES', 'LIMIT', 0, limit)
-local ids, stamps = {}, {}
-for j = 1, #changed, 2 do
-  local tagged = changed[j]
-  local member = string.sub(tagged, 3)
-  local key, into = KEYS[1], ids
-  if string.sub(tagged, 1, 2) == 's:' then key, into = KEYS[2], stamps end
-  local expiry = redis.call('ZSCORE', key, member)
-  if expiry and tonumber(expiry) > now then
-    table.insert(into, member)
-    table.insert(into, expiry)
-  end
-end
-if #changed < 2 * limit then
-  table.insert(out, out[2])  -- every change read
-else
-  table.insert(out, changed[#changed])
-end
-table.insert(out, cjson.encode({ids, stamps}))
-return out
-"""
-)
+# Each script's KEYS, ARGV and reply are documented atop its file in celery_extras/scripts/.
+#: The prefix of every revoke script (``scripts/revoke_common.lua``): heals a garbage counter
+#: or epoch, defines ``trim`` and ``merge_clock``.
+_COMMON = load("revoke_common")
+#: Store ids and stamps with their expiry (``scripts/revoke_write.lua``).
+_WRITE = _COMMON + load("revoke_write")
+#: The shard's epoch, seq and clock (``scripts/revoke_probe.lua``).
+_PROBE = _COMMON + load("revoke_probe")
+#: A page of the entries changed after a seq (``scripts/revoke_pull.lua``).
+_PULL = _COMMON + load("revoke_pull")
 
 #: Most changes one pull script returns: a worker holds one page of a pull at a time,
 #: so catching up with a full store costs it a page's memory, not the store's.

@@ -1,0 +1,140 @@
+"""The store's Lua scripts live in ``celery_extras/scripts/*.lua``; what Redis receives is fixed.
+
+Every script file is loaded by some module and every name loaded has its file (no
+orphan, none missing). The scripts the modules compose from those files (a shared
+prefix, a body, the ``allow-oom`` flag line) have the SHA1 they had when they were
+Python strings: Redis caches scripts by that hash, so the same hash is the same script.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import celery_extras
+from celery_extras import scripts
+from celery_extras.delay import redis_store
+from celery_extras.policies import global_bucket, slot_store
+from celery_extras.sync import revoke_store
+
+PACKAGE = Path(celery_extras.__file__).parent
+
+#: SHA1 of each script as sent to Redis, taken from the code before the scripts moved.
+SHA1 = {
+    "slot_store.ACQUIRE_SCRIPT": "11a41a86ba10b0b4b923a5296f7eb7c956fd36c5",
+    "slot_store.RELEASE_SCRIPT": "8cb5f23b9833d5b6c633395ff35bd0c948377561",
+    "slot_store.RENEW_SCRIPT": "2dcde71a36f0b226566fe38e9f7851ce4a336958",
+    "slot_store.TICKET_SCRIPT": "f4f7d89401570e8cc905e948739f6b84ad5434a8",
+    "global_bucket.ACQUIRE_SCRIPT": "0214e5d43e0e7dfb2f19163486480af8293fbbd7",
+    "revoke_store._WRITE": "fb433594f243355236d11b773fa40cb0ec25d3cd",
+    "revoke_store._PROBE": "d10df296eaa33eea0d2edee8d1398f9cf6a796cd",
+    "revoke_store._PULL": "94ac9ba0bf9dbed761ddf817574fd23331519195",
+    "redis_store.PARK": "1cafd9aae0104a7e155deaddf2e90b77d243b003",
+    "redis_store.WITHDRAW": "a2ab03c9caf5e25fb9d02c40ed050c71d64cabb0",
+    "redis_store.DISCARD": "8a5a5814f5ab4c9823e165f5e851bb1ad7ac1b17",
+    "redis_store.CLAIM": "984b44125812e0a1c8f64af78ce8c57e64bab3fe",
+    "redis_store.RELEASE": "60afd602fab2c3896b286d09c418dcc11ae22371",
+    "redis_store.TAKE": "5f34340527a534aab70b30f35679b0ab5832717b",
+    "redis_store.ALLOW_OOM+CLAIM": "4dcdbe54df86b6b99b90bb184bff1771ff58d880",
+    "redis_store.ALLOW_OOM+RELEASE": "a6c173d000c4968b3e68361e61c3db651de09177",
+    "redis_store.ALLOW_OOM+TAKE": "b4cd8b7114b8757c95a3f4e5600e7cdb71ff7cf7",
+}
+MODULES: dict[str, Any] = {
+    "slot_store": slot_store,
+    "global_bucket": global_bucket,
+    "redis_store": redis_store,
+    "revoke_store": revoke_store,
+}
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+
+@pytest.mark.parametrize(("what", "digest"), SHA1.items())
+def test_scripts_sent_are_unchanged(what: str, digest: str) -> None:
+    module, names = what.split(".", 1)
+    text = "".join(getattr(MODULES[module], name) for name in names.split("+"))
+    assert sha1(text) == digest
+
+
+def loaded_names() -> dict[str, list[str]]:
+    """``load("<name>")`` calls with a literal name in the package's modules: name -> modules."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if not any(
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").split(".")[-1] == "scripts"
+            and any(alias.name == "load" for alias in node.names)
+            for node in ast.walk(tree)
+        ):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "load":
+                assert len(node.args) == 1 and isinstance(node.args[0], ast.Constant), (
+                    f"{path}: load() takes a literal script name"
+                )
+                found.setdefault(str(node.args[0].value), []).append(path.name)
+    return found
+
+
+def test_every_script_file_is_loaded_and_every_loaded_name_has_its_file() -> None:
+    loaded = loaded_names()
+    shipped = scripts.names()
+    assert len(shipped) == len(set(shipped)) > 0
+    assert sorted(set(shipped) - loaded.keys()) == [], "orphan .lua files"
+    assert sorted(loaded.keys() - set(shipped)) == [], "loaded names without a .lua file"
+    for name in shipped:
+        assert scripts.load(name)
+
+
+def test_script_files_are_the_documented_header_then_the_text_sent() -> None:
+    for name in scripts.names():
+        raw = (PACKAGE / "scripts" / f"{name}.lua").read_text(encoding="utf-8")
+        header = raw[: len(raw) - len(scripts.load(name))]
+        assert raw.endswith(scripts.load(name))
+        assert header.startswith("-- "), f"{name}.lua documents its script at the top"
+        assert all(line.startswith("--") for line in header.splitlines())
+        assert not scripts.load(name).startswith("--")
+        # the flag line is composed in Python, first of all: never in a file
+        assert not any(line.startswith("#!") for line in raw.splitlines())
+
+
+def test_load_is_cached_and_strict() -> None:
+    assert scripts.load("now_ms") is scripts.load("now_ms")
+    with pytest.raises(FileNotFoundError):
+        scripts.load("no_such_script")
+
+
+class FakeScript:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+class FakeClient:
+    """Records the scripts registered (their text is what ``EVALSHA``/``EVAL`` would send)."""
+
+    def __init__(self) -> None:
+        self.registered: list[str] = []
+
+    def register_script(self, text: str) -> FakeScript:
+        self.registered.append(text)
+        return FakeScript(text)
+
+
+def test_draining_scripts_send_the_flag_line_first() -> None:
+    client = FakeClient()
+    store = redis_store.RedisDelayStore(client, "p")  # type: ignore[arg-type]
+    flagged = [t for t in client.registered if t.startswith("#!")]
+    assert [sha1(t) for t in flagged] == [
+        SHA1["redis_store.ALLOW_OOM+CLAIM"],
+        SHA1["redis_store.ALLOW_OOM+RELEASE"],
+        SHA1["redis_store.ALLOW_OOM+TAKE"],
+    ]
+    assert all(t.startswith("#!lua flags=allow-oom\n") for t in flagged)
+    assert store._claim._body == redis_store.CLAIM
