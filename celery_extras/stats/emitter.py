@@ -9,7 +9,8 @@ by default), whether or not ``task_events`` is. Its :meth:`info` puts the same
 figures under ``extras`` in ``celery inspect stats``.
 
 The event also carries ``extras_state``, the worker's gauges read from the
-``info()`` of celery-extras' other consumer steps (see :func:`worker_state`).
+``info()`` of celery-extras' other steps as :mod:`.gauges` declares them (see
+:func:`worker_state`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any
 
 from celery import bootsteps
 
-from ..checks import is_int
 from ..settings import settings_of
+from . import gauges
 from .recorder import Recorder
 
 __all__ = ["EVENT_TYPE", "StatsEmitter", "worker_state"]
@@ -30,63 +31,18 @@ logger = logging.getLogger(__name__)
 EVENT_TYPE = "worker-throughput"
 
 
-def _int(value: Any) -> int | None:
-    return value if is_int(value) else None
-
-
 def worker_state(infos: dict[str, Any]) -> dict[str, Any]:
-    """The gauges of ``extras_state`` from the merged ``info()`` of the consumer's steps.
+    """The gauges of ``extras_state`` from the merged ``info()`` of the worker's steps.
 
-    ``store``: each capability's view of the store (``extras_policies``,
-    ``extras_sync``, ``extras_delay`` ``store`` fields); ``waiting``: tasks held in
-    the worker for a limit (``extras_policies.waiting``); ``parked``: tasks the delay
-    store holds, store-wide (``extras_delay.depth``, or ``parked``); ``buffered``:
-    messages the fair consumer holds per queue (``extras_queues.buffered``);
-    ``concurrency``: per task with ``concurrency()``, the slots the worker holds and
-    the tasks waiting in it for one (``extras_policies.concurrency.tasks``);
-    ``eviction``: the store's ``maxmemory-policy`` and what of celery-extras' data it
-    may evict (``extras_store``). Only what the worker has is given.
+    Each entry of :data:`.gauges.GAUGES` reads its own (``store``, ``eviction``,
+    ``waiting``, ``parked``, ``buffered``, ``concurrency``); only what the worker
+    has is given.
     """
     state: dict[str, Any] = {}
-    store: dict[str, str] = {}
-    for capability in ("policies", "sync", "delay"):
-        info = infos.get(f"extras_{capability}")
-        if isinstance(info, dict) and isinstance(info.get("store"), str):
-            store[capability] = info["store"]
-    if store:
-        state["store"] = store
-    safety = infos.get("extras_store")
-    if isinstance(safety, dict) and isinstance(safety.get("policy"), str):
-        at_risk = safety.get("at_risk")
-        state["eviction"] = {
-            "policy": safety["policy"],
-            "at_risk": [str(k) for k in at_risk] if isinstance(at_risk, list) else [],
-        }
-    for gauge, key, fields in (
-        ("waiting", "extras_policies", ("waiting",)),
-        ("parked", "extras_delay", ("depth", "parked")),
-    ):
-        info = infos.get(key)
-        for name in fields:
-            value = _int(info.get(name)) if isinstance(info, dict) else None
-            if value is not None:
-                state[gauge] = value
-                break
-    policies = infos.get("extras_policies")
-    slots = policies.get("concurrency") if isinstance(policies, dict) else None
-    tasks = slots.get("tasks") if isinstance(slots, dict) else None
-    if isinstance(tasks, dict):
-        state["concurrency"] = {
-            str(name): {"holding": entry["holding"], "waiting": entry["waiting"]}
-            for name, entry in tasks.items()
-            if isinstance(entry, dict)
-            and _int(entry.get("holding")) is not None
-            and _int(entry.get("waiting")) is not None
-        }
-    queues = infos.get("extras_queues")
-    buffered = queues.get("buffered") if isinstance(queues, dict) else None
-    if isinstance(buffered, dict):
-        state["buffered"] = {str(q): n for q, n in buffered.items() if _int(n) is not None}
+    for gauge in gauges.GAUGES:
+        value = gauge.read(infos)
+        if value is not None:
+            state[gauge.key] = value
     return state
 
 

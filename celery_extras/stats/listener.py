@@ -5,13 +5,17 @@ counts events it had to drop; :class:`Listener` feeds it from the app's event
 exchange in a background thread, reconnecting after broker errors. Both
 ``extras top`` and the Prometheus collector read the state. A malformed or
 undecodable event is dropped, counted, and logged once per sender, never raised.
+:class:`LiveState`, the state in Flower's process, also keeps a short history of
+cluster-wide running totals for the Flower page's charts.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,10 +25,13 @@ from ..compat import DroppingEventReceiver
 from .emitter import EVENT_TYPE
 from .schema import Malformed, Throughput, parse
 
-__all__ = ["ClusterState", "Listener"]
+__all__ = ["DONE", "ClusterState", "Listener", "LiveState"]
 
 logger = logging.getLogger(__name__)
 _MAX_LOGGED_SOURCES = 1000
+#: Counters whose sum is the "finished" rate: every run that ended.
+DONE = ("succeeded", "failed", "retried", "rejected", "ignored")
+_HISTORY = 3700  # samples kept (at most one a second): a little over the hour chart
 
 
 class ClusterState:
@@ -99,6 +106,42 @@ class ClusterState:
                 for host, (figures, seen) in sorted(self._workers.items())
                 if max_age is None or now - seen <= max_age
             }
+
+
+class LiveState(ClusterState):
+    """A :class:`ClusterState` that also samples cluster-wide running totals per task.
+
+    At most one sample a second, when an event arrives: ``(time, {task: (finished,
+    failed)})``, summed over the workers then known, for the Flower page's live charts.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(clock)
+        self.history: deque[tuple[float, dict[str, tuple[int, int]]]] = deque(maxlen=_HISTORY)
+        self._sampled = -math.inf
+
+    def on_event(self, event: Any) -> None:
+        super().on_event(event)
+        now = self.clock()
+        if now - self._sampled < 1.0:
+            return
+        sums: dict[str, tuple[int, int]] = {}
+        for figures in self.workers(60.0).values():
+            for name, task in figures.tasks.items():
+                if task.totals is None:
+                    continue
+                done = sum(task.totals[c] for c in DONE)
+                had = sums.get(name, (0, 0))
+                sums[name] = (had[0] + done, had[1] + task.totals["failed"])
+        if sums:
+            self._sampled = now
+            with self._lock:
+                self.history.append((now, sums))
+
+    def samples(self) -> list[tuple[float, dict[str, tuple[int, int]]]]:
+        """The history so far, oldest first (a copy)."""
+        with self._lock:
+            return list(self.history)
 
 
 class _Receiver(DroppingEventReceiver):

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from celery import Celery
 
+from . import gauges
 from .emitter import worker_state
 from .listener import ClusterState, Listener
 from .schema import Malformed, TaskFigures, Throughput, merge_workers, parse
@@ -166,11 +167,10 @@ def render(
         return {n: t for n, t in tasks.items() if any(any(r) for r in t.counts.values())}
 
     cluster_state: dict[str, Any] = {}
-    for figures in workers.values():
-        if "waiting" in figures.state:  # per worker: summed
-            cluster_state["waiting"] = cluster_state.get("waiting", 0) + figures.state["waiting"]
-        if "parked" in figures.state:  # the shared store's depth: each worker sees all of it
-            cluster_state["parked"] = max(cluster_state.get("parked", 0), figures.state["parked"])
+    for gauge in gauges.GAUGES:  # waiting summed, parked the largest: as each gauge says
+        values = [f.state[gauge.key] for f in workers.values() if gauge.key in f.state]
+        if gauge.merge is not None and values:
+            cluster_state[gauge.key] = gauge.merge(values)
     mark = "*" if len(workers) > 1 else ""
     cluster = active(merge_workers(workers, windows))
     rows(f"cluster  {_gauges(cluster_state)}".rstrip(), cluster, mark)

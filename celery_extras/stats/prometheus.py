@@ -10,7 +10,8 @@ Following Prometheus' conventions (labels ``worker`` and ``task`` on each):
   into the bounds :data:`BOUNDS` (two per octave, 122 us to 2.3 h; each is a bound
   of the worker's buckets, so the counts are exact), so ``histogram_quantile``
   merges workers. Its ``_count`` equals the ``succeeded`` counter.
-* Gauges: ``celery_extras_store_up{worker, capability}`` (1 when that capability
+* Gauges, from the workers' ``extras_state`` as :data:`.gauges.GAUGES` declares
+  them: ``celery_extras_store_up{worker, capability}`` (1 when that capability
   of the worker reaches its store, 0 when it reports it down),
   ``celery_extras_store_evictable{worker, policy}`` (kinds of data the store's
   ``maxmemory-policy`` may evict; 0 under ``noeviction``),
@@ -43,6 +44,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -53,15 +55,18 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from .listener import ClusterState, Listener
+from . import gauges
+from .listener import ClusterState, Listener, LiveState
 from .recorder import COUNTERS
 from .schema import RuntimeTotal
 from .text import printable
 
 __all__ = [
     "BOUNDS",
+    "FlowerMetrics",
     "ThroughputCollector",
     "collect_into",
+    "flower_metrics",
     "histogram_buckets",
     "in_flower",
     "serve",
@@ -113,42 +118,12 @@ class ThroughputCollector:
             "Runtime of successful runs since the worker started (the worker's own buckets)",
             labels=labels,
         )
-        store_up = GaugeMetricFamily(
-            "celery_extras_store_up",
-            "1 when this capability of the worker reaches the store, 0 when it reports it down",
-            labels=["worker", "capability"],
-        )
-        evictable = GaugeMetricFamily(
-            "celery_extras_store_evictable",
-            "Kinds of data celery-extras must not lose that the store's maxmemory-policy may "
-            "evict (0 under noeviction); while parked tasks are among them, nothing is parked",
-            labels=["worker", "policy"],
-        )
-        waiting = GaugeMetricFamily(
-            "celery_extras_tasks_waiting",
-            "Tasks held in the worker for a rate limit",
-            labels=["worker"],
-        )
-        parked = GaugeMetricFamily(
-            "celery_extras_tasks_parked",
-            "Tasks parked in the delay store (store-wide), as the worker reads it",
-            labels=["worker"],
-        )
-        buffered = GaugeMetricFamily(
-            "celery_extras_queue_buffered",
-            "Messages the fair consumer holds for a queue",
-            labels=["worker", "queue"],
-        )
-        slots_holding = GaugeMetricFamily(
-            "celery_extras_concurrency_holding",
-            "Concurrency slots the worker holds for running tasks, per task with concurrency()",
-            labels=labels,
-        )
-        slots_waiting = GaugeMetricFamily(
-            "celery_extras_concurrency_waiting",
-            "Tasks waiting in the worker for a concurrency slot, per task with concurrency()",
-            labels=labels,
-        )
+        gauge_families = [
+            (gauge.key, family, GaugeMetricFamily(
+                family.name, family.help, labels=["worker", *family.labels]))
+            for gauge in gauges.GAUGES
+            for family in gauge.families
+        ]  # fmt: skip
         age = GaugeMetricFamily(
             "celery_extras_worker_last_event_age_seconds",
             "Seconds since the worker's last worker-throughput event reached this process",
@@ -186,25 +161,12 @@ class ThroughputCollector:
                     value = task_figures.runtime.get(stat)
                     if value is not None and (stat != "max" or task_figures.runtime.get("count")):
                         window_runtime.add_metric([worker, task, quantile], value)
-            state = figures.state
-            for capability, status in state.get("store", {}).items():
-                store_up.add_metric([worker, printable(capability)], 1.0 if status == "ok" else 0.0)
-            if "eviction" in state:
-                eviction = state["eviction"]
-                evictable.add_metric(
-                    [worker, printable(eviction["policy"])], len(eviction["at_risk"])
-                )
-            if "waiting" in state:
-                waiting.add_metric([worker], state["waiting"])
-            if "parked" in state:
-                parked.add_metric([worker], state["parked"])
-            for queue, n in state.get("buffered", {}).items():
-                buffered.add_metric([worker, printable(queue)], n)
-            for task_name, slots in state.get("concurrency", {}).items():
-                slots_holding.add_metric([worker, printable(task_name)], slots["holding"])
-                slots_waiting.add_metric([worker, printable(task_name)], slots["waiting"])
-        yield from (totals, runtime, store_up, evictable, waiting, parked, buffered, age, window)
-        yield from (slots_holding, slots_waiting)
+            for key, family, metric in gauge_families:
+                gauge = figures.state.get(key)
+                if gauge is not None:
+                    for label_values, sample in family.samples(gauge):
+                        metric.add_metric([worker, *map(printable, label_values)], sample)
+        yield from (totals, runtime, *(metric for _, _, metric in gauge_families), age, window)
         yield window_runtime
         yield CounterMetricFamily(
             "celery_extras_malformed_events",
@@ -225,11 +187,48 @@ def collect_into(
     return collector, listener
 
 
+@dataclass(frozen=True)
+class FlowerMetrics:
+    """The metrics in Flower's process: one listener, state and collector, however often asked."""
+
+    app: Celery
+    state: LiveState
+    listener: Listener
+    collector: ThroughputCollector
+
+
+_flower: FlowerMetrics | None = None
+_flower_lock = threading.Lock()
+
+
+def _flower_app() -> Celery:
+    """The app Flower runs with (its click context's), else Celery's current app."""
+    import click
+    from celery import current_app
+
+    ctx = click.get_current_context(silent=True)
+    app = getattr(getattr(ctx, "obj", None), "app", None) if ctx is not None else None
+    return app if isinstance(app, Celery) else current_app
+
+
+def flower_metrics(app: Celery | None = None) -> FlowerMetrics:
+    """The collector in the default registry (Flower's ``/metrics``), set up once per process.
+
+    Its state is a :class:`~.listener.LiveState`, so the Flower page
+    (:func:`celery_extras.flower.in_flower`) shares it, whichever comes first.
+    """
+    global _flower
+    with _flower_lock:
+        if _flower is None:
+            state = LiveState()
+            collector, listener = collect_into(app or _flower_app(), REGISTRY, state)
+            _flower = FlowerMetrics(listener.app, state, listener, collector)
+        return _flower
+
+
 def in_flower(app: Celery | None = None) -> ThroughputCollector:
     """The metrics alone in Flower; :func:`celery_extras.flower.in_flower` adds the page too."""
-    from ..flower import in_flower as flower_in_flower
-
-    return flower_in_flower(app, page=False).collector
+    return flower_metrics(app).collector
 
 
 def serve(app: Celery, port: int, address: str = "127.0.0.1") -> None:

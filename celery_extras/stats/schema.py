@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from ..checks import is_int, is_number
+from . import gauges
 from .histogram import BUCKETS, SCALE, upper_bound
 from .recorder import BASE_COUNTERS, COUNTERS, PERCENTILES
+from .wire import MAX_NAME, MAX_TASKS, MAX_WINDOWS
+from .wire import count as _count
 
 __all__ = [
-    "GAUGES",
     "MAX_NAME",
     "MAX_TASKS",
     "MAX_WINDOWS",
@@ -30,13 +32,7 @@ __all__ = [
     "parse",
 ]
 
-MAX_WINDOWS = 16
-MAX_TASKS = 10_000
-MAX_NAME = 500
-MAX_QUEUES = 1000
 RUNTIME_FIELDS = ("count", "sum", "max", *(f"p{p}" for p in PERCENTILES))
-#: Gauges of ``extras_state`` that are counts (``store`` is a string, ``buffered`` per queue).
-GAUGES = ("waiting", "parked")
 
 
 class Malformed(ValueError):
@@ -74,9 +70,10 @@ class TaskFigures:
 class Throughput:
     """One worker's figures as of its event's timestamp.
 
-    ``state`` holds the worker's gauges from ``extras_state``: ``store``
-    (``{capability: "ok"|"down"|...}``), ``waiting`` and ``parked`` (ints) and
-    ``buffered`` (``{queue: int}``), each present only when the worker sent it.
+    ``state`` holds the worker's gauges from ``extras_state``, each checked as its
+    entry of :data:`.gauges.GAUGES` says and present only when the worker sent it:
+    ``store`` (``{capability: "ok"|"down"|...}``), ``eviction``, ``waiting`` and
+    ``parked`` (ints), ``buffered`` (``{queue: int}``), ``concurrency``.
     """
 
     hostname: str
@@ -88,14 +85,6 @@ class Throughput:
 
 def _number(value: Any) -> TypeGuard[float]:
     return is_number(value)
-
-
-def _count(value: Any) -> bool:
-    return is_int(value, minimum=0)
-
-
-def _short(value: Any) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= MAX_NAME
 
 
 def parse(event: Mapping[str, Any]) -> Throughput:
@@ -207,68 +196,20 @@ def _runtime_total(name: str, task: dict[str, Any], scale: dict[str, int]) -> Ru
 
 
 def _state(state: Any) -> dict[str, Any]:
+    """The gauges of *state* (``extras_state``), each checked as :data:`.gauges.GAUGES` says."""
     if state is None:
         return {}
     if not isinstance(state, dict):
         raise Malformed("extras_state is not a mapping")
     checked: dict[str, Any] = {}
-    store = state.get("store")
-    if store is not None:
-        if not isinstance(store, dict) or not all(
-            _short(k) and _short(v) for k, v in store.items()
-        ):
-            raise Malformed("extras_state['store'] must map capabilities to short strings")
-        checked["store"] = dict(store)
-    eviction = state.get("eviction")
-    if eviction is not None:
-        at_risk = eviction.get("at_risk") if isinstance(eviction, dict) else None
-        if (
-            not isinstance(eviction, dict)
-            or not _short(eviction.get("policy"))
-            or not isinstance(at_risk, list)
-            or len(at_risk) > MAX_WINDOWS
-            or not all(_short(k) for k in at_risk)
-        ):
-            raise Malformed(
-                "extras_state['eviction'] must be {'policy': short string, "
-                "'at_risk': [short strings]}"
-            )
-        checked["eviction"] = {"policy": eviction["policy"], "at_risk": list(at_risk)}
-    for gauge in GAUGES:
-        value = state.get(gauge)
-        if value is not None:
-            if not _count(value):
-                raise Malformed(f"extras_state[{gauge!r}] must be an integer >= 0")
-            checked[gauge] = value
-    buffered = state.get("buffered")
-    if buffered is not None:
-        if (
-            not isinstance(buffered, dict)
-            or len(buffered) > MAX_QUEUES
-            or not all(_short(k) and _count(v) for k, v in buffered.items())
-        ):
-            raise Malformed("extras_state['buffered'] must map queue names to integers >= 0")
-        checked["buffered"] = dict(buffered)
-    slots = state.get("concurrency")
-    if slots is not None:
-        if (
-            not isinstance(slots, dict)
-            or len(slots) > MAX_TASKS
-            or not all(
-                _short(name)
-                and isinstance(entry, dict)
-                and _count(entry.get("holding"))
-                and _count(entry.get("waiting"))
-                for name, entry in slots.items()
-            )
-        ):
-            raise Malformed(
-                "extras_state['concurrency'] must map task names to "
-                "{'holding': int >= 0, 'waiting': int >= 0}"
-            )
-        checked["concurrency"] = {
-            name: {"holding": e["holding"], "waiting": e["waiting"]} for name, e in slots.items()
-        }
+    for gauge in gauges.GAUGES:
+        value = state.get(gauge.key)
+        if value is None:
+            continue
+        good = gauge.check(value)
+        if good is None:
+            raise Malformed(f"extras_state[{gauge.key!r}] must {gauge.expected}")
+        checked[gauge.key] = good
     return checked
 
 

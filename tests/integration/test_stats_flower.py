@@ -10,6 +10,7 @@ to ``docs/img`` (how the docs' pictures are made).
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -77,6 +78,17 @@ def shoot(page: Any, tmp_path: Path, name: str) -> Path:
     path = target / name
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+#: Each table's line under its title (``{scope: text}``): a worker's age and gauges.
+META_READ = """() => {
+  const out = {};
+  for (const section of document.querySelectorAll("section[data-scope]")) {
+    const meta = section.querySelector(".extras-worker-meta");
+    if (meta) { out[section.getAttribute("data-scope")] = meta.textContent; }
+  }
+  return out;
+}"""
 
 
 def samples(text: str | None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -167,6 +179,25 @@ def test_flower_page_shows_each_worker_and_task_exactly(
                  timeout=30, what="the page following the events")  # fmt: skip
         wait_for(lambda: page.locator("#extras-chart-minute path").count() == 2, timeout=30,
                  what="the last-minute chart drawn")  # fmt: skip
+
+        # each worker's line: its gauges (from the gauge table) as /extras/data gives them
+        def worker_lines() -> dict[str, list[str]] | None:
+            meta: dict[str, str] = page.evaluate(META_READ)
+            body = http_get(f"{base}/extras/data")
+            data = json.loads(body) if body else {"workers": {}}
+            lines = {host: meta.get(host, "").split(" \u00b7 ") for host in (a.hostname,
+                     b.hostname)}  # fmt: skip
+            same = all(
+                lines[host][0].startswith("last event ")
+                and lines[host][1:] == data["workers"].get(host, {}).get("gauges")
+                for host in lines
+            )
+            return lines if same else None
+
+        lines = wait_for(worker_lines, timeout=30, interval=0.5,
+                         what="each worker's line equal to its gauges")  # fmt: skip
+        for host in (a.hostname, b.hostname):
+            assert any(part.startswith("store: ") for part in lines[host]), lines[host]
 
         # in Flower's navigation, marked active on its page
         link = page.locator("a.nav-link", has_text="Extras")

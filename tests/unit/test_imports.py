@@ -1,10 +1,14 @@
-"""Every module of the package imports on its own, without ``celery_extras.install``."""
+"""Every module of the package imports on its own, without ``celery_extras.install``, and
+no two of them import each other, even lazily."""
 
 from __future__ import annotations
 
+import ast
+import graphlib
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import celery_extras
 
@@ -55,3 +59,50 @@ def test_install_is_callable_as_the_module_too() -> None:
     app = Celery("unit", set_as_current=False)
     assert module(app) is app  # type: ignore[operator]
     assert celery_extras.install(app) is app
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``{module: celery_extras modules it imports}``, from every import statement in it.
+
+    Function-level (lazy) and ``TYPE_CHECKING`` imports count; relative imports are
+    resolved. ``from package import name`` is an import of ``package.name`` when that
+    is a module, else of the package. A package's ``__init__`` being run first, when
+    one of its modules is imported, is not an edge.
+    """
+    root = Path(celery_extras.__file__).parent
+    files: dict[str, tuple[Path, bool]] = {}
+    for path in root.rglob("*.py"):
+        parts = ["celery_extras", *path.relative_to(root).with_suffix("").parts]
+        package = parts[-1] == "__init__"
+        files[".".join(parts[:-1] if package else parts)] = (path, package)
+    graph: dict[str, set[str]] = {}
+    for name, (path, package) in files.items():
+        here = name if package else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in files)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    target = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    if f"{target}.{alias.name}" in files:
+                        edges.add(f"{target}.{alias.name}")
+                    elif target in files:
+                        edges.add(target)
+        graph[name] = edges - {name}
+    return graph
+
+
+def test_no_import_cycle_among_the_package_modules_lazy_imports_included() -> None:
+    graph = import_graph()
+    assert "celery_extras.stats.prometheus" in graph["celery_extras.stats.flower"]  # lazy, seen
+    assert graph["celery_extras.flower"] == {"celery_extras.stats.flower"}
+    try:
+        order = list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"import cycle: {' -> '.join(exc.args[1])}") from None
+    assert set(order) == set(graph)

@@ -1,0 +1,348 @@
+"""The worker's gauges (``extras_state``), declared once: where each comes from, where it goes.
+
+One :class:`Gauge` per field of an event's ``extras_state`` says
+
+* how the worker reads it from the merged ``info()`` of its celery-extras steps
+  (:func:`.emitter.worker_state`, which also gives ``inspect stats`` readers the
+  same gauges);
+* how a monitor checks it when an event arrives (:func:`.schema.parse`: a value
+  that does not hold is :class:`~.schema.Malformed`);
+* which Prometheus gauge families it feeds, and with which samples
+  (:class:`.prometheus.ThroughputCollector`);
+* what a worker's line on the Flower page says of it, and how the workers' values
+  make the cluster's (:func:`.flower.page_data`, ``extras top``).
+
+Those places iterate over :data:`GAUGES`, so adding a gauge is adding an entry
+here. Pure, no Celery import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..checks import is_int
+from .text import printable
+from .wire import MAX_QUEUES, MAX_TASKS, count, short
+
+__all__ = ["GAUGES", "MAX_AT_RISK", "Family", "Gauge", "Sample"]
+
+#: Kinds of data at risk an ``eviction`` gauge may list.
+MAX_AT_RISK = 16
+
+#: One Prometheus sample: the label values after ``worker``, and the value.
+Sample = tuple[tuple[str, ...], float]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A Prometheus gauge family one gauge feeds: labelled ``worker``, then :attr:`labels`.
+
+    :attr:`samples` turns the gauge's checked value into samples; the collector
+    escapes their label values (:func:`~.text.printable`).
+    """
+
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    samples: Callable[[Any], Iterable[Sample]]
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """One field of ``extras_state``: its source, its check, its metrics, its Flower text.
+
+    * :attr:`read`: its value from the merged ``info()`` of a worker's steps
+      (``{"extras_policies": {...}, ...}``), ``None`` when the worker has none;
+    * :attr:`check`: the value of an incoming event (never ``None``) checked and
+      copied, or ``None`` when it does not hold; :attr:`expected` completes the
+      refusal, ``extras_state[key] must ...``;
+    * :attr:`families`: the Prometheus gauge families it feeds;
+    * :attr:`page`: its part of a worker's line on the Flower page (names escaped),
+      or ``None`` for no part; :attr:`merge`: the cluster's value from the workers'
+      values, for gauges that have one.
+    """
+
+    key: str
+    read: Callable[[Mapping[str, Any]], Any]
+    check: Callable[[Any], Any]
+    expected: str
+    families: tuple[Family, ...] = ()
+    page: Callable[[Any], str | None] | None = None
+    merge: Callable[[list[Any]], Any] | None = None
+
+
+# --- sources: the steps' info() ------------------------------------------------------------
+
+
+def _field(infos: Mapping[str, Any], step: str, name: str) -> Any:
+    info = infos.get(step)
+    return info.get(name) if isinstance(info, dict) else None
+
+
+def _read_store(infos: Mapping[str, Any]) -> dict[str, str] | None:
+    """Each capability's view of the store: the ``store`` field of its step's info."""
+    store: dict[str, str] = {}
+    for capability in ("policies", "sync", "delay"):
+        status = _field(infos, f"extras_{capability}", "store")
+        if isinstance(status, str):
+            store[capability] = status
+    return store or None
+
+
+def _read_eviction(infos: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The store's ``maxmemory-policy`` and what it may evict (``extras_store``)."""
+    policy = _field(infos, "extras_store", "policy")
+    if not isinstance(policy, str):
+        return None
+    at_risk = _field(infos, "extras_store", "at_risk")
+    return {
+        "policy": policy,
+        "at_risk": [str(k) for k in at_risk] if isinstance(at_risk, list) else [],
+    }
+
+
+def _read_int(step: str, *names: str) -> Callable[[Mapping[str, Any]], int | None]:
+    """A reader of the first of *names* in *step*'s info that is an integer."""
+
+    def read(infos: Mapping[str, Any]) -> int | None:
+        for name in names:
+            value = _field(infos, step, name)
+            if is_int(value):
+                return value
+        return None
+
+    return read
+
+
+def _read_buffered(infos: Mapping[str, Any]) -> dict[str, int] | None:
+    """Messages the fair consumer holds per queue (``extras_queues.buffered``)."""
+    buffered = _field(infos, "extras_queues", "buffered")
+    if not isinstance(buffered, dict):
+        return None
+    return {str(queue): n for queue, n in buffered.items() if is_int(n)}
+
+
+def _read_concurrency(infos: Mapping[str, Any]) -> dict[str, dict[str, int]] | None:
+    """Per task with ``concurrency()``, slots held and tasks waiting for one."""
+    slots = _field(infos, "extras_policies", "concurrency")
+    tasks = slots.get("tasks") if isinstance(slots, dict) else None
+    if not isinstance(tasks, dict):
+        return None
+    return {
+        str(name): {"holding": entry["holding"], "waiting": entry["waiting"]}
+        for name, entry in tasks.items()
+        if isinstance(entry, dict) and is_int(entry.get("holding")) and is_int(entry.get("waiting"))
+    }
+
+
+# --- checks: an incoming event's value ------------------------------------------------------
+
+
+def _check_store(value: Any) -> dict[str, str] | None:
+    if not isinstance(value, dict) or not all(short(k) and short(v) for k, v in value.items()):
+        return None
+    return dict(value)
+
+
+def _check_eviction(value: Any) -> dict[str, Any] | None:
+    at_risk = value.get("at_risk") if isinstance(value, dict) else None
+    if (
+        not isinstance(value, dict)
+        or not short(value.get("policy"))
+        or not isinstance(at_risk, list)
+        or len(at_risk) > MAX_AT_RISK
+        or not all(short(k) for k in at_risk)
+    ):
+        return None
+    return {"policy": value["policy"], "at_risk": list(at_risk)}
+
+
+def _check_count(value: Any) -> int | None:
+    return value if count(value) else None
+
+
+def _check_buffered(value: Any) -> dict[str, int] | None:
+    if (
+        not isinstance(value, dict)
+        or len(value) > MAX_QUEUES
+        or not all(short(k) and count(v) for k, v in value.items())
+    ):
+        return None
+    return dict(value)
+
+
+def _check_concurrency(value: Any) -> dict[str, dict[str, int]] | None:
+    if (
+        not isinstance(value, dict)
+        or len(value) > MAX_TASKS
+        or not all(
+            short(name)
+            and isinstance(entry, dict)
+            and count(entry.get("holding"))
+            and count(entry.get("waiting"))
+            for name, entry in value.items()
+        )
+    ):
+        return None
+    return {name: {"holding": e["holding"], "waiting": e["waiting"]} for name, e in value.items()}
+
+
+# --- Prometheus samples and Flower text -----------------------------------------------------
+
+
+def _one(value: int) -> Iterable[Sample]:
+    return [((), value)]
+
+
+def _per_key(value: dict[str, int]) -> Iterable[Sample]:
+    return [((key,), n) for key, n in value.items()]
+
+
+def _field_per_key(name: str) -> Callable[[dict[str, dict[str, int]]], Iterable[Sample]]:
+    def samples(value: dict[str, dict[str, int]]) -> Iterable[Sample]:
+        return [((key,), entry[name]) for key, entry in value.items()]
+
+    return samples
+
+
+def _store_up(value: dict[str, str]) -> Iterable[Sample]:
+    return [((capability,), 1.0 if status == "ok" else 0.0) for capability, status in value.items()]
+
+
+def _evictable(value: dict[str, Any]) -> Iterable[Sample]:
+    return [((value["policy"],), len(value["at_risk"]))]
+
+
+def _store_text(value: dict[str, str]) -> str | None:
+    if not value:
+        return None
+    return "store: " + ", ".join(f"{printable(k)} {printable(v)}" for k, v in value.items())
+
+
+def _eviction_text(value: dict[str, Any]) -> str | None:
+    if not value["at_risk"]:
+        return None
+    at_risk = ", ".join(printable(k) for k in value["at_risk"])
+    return f"store may evict {at_risk} (maxmemory-policy {printable(value['policy'])})"
+
+
+def _labelled(label: str) -> Callable[[Any], str]:
+    return lambda value: f"{label} {value}"
+
+
+def _buffered_text(value: dict[str, int]) -> str | None:
+    total = sum(value.values())
+    return f"buffered {total}" if total else None
+
+
+def _largest(values: list[int]) -> int:
+    return max(values, default=0)
+
+
+def _sum(values: list[int]) -> int:
+    return sum(values)
+
+
+#: Every gauge of ``extras_state``, in the order the event, the metrics and the page give them.
+GAUGES: tuple[Gauge, ...] = (
+    Gauge(
+        key="store",
+        read=_read_store,
+        check=_check_store,
+        expected="map capabilities to short strings",
+        families=(
+            Family(
+                "celery_extras_store_up",
+                "1 when this capability of the worker reaches the store, 0 when it reports it down",
+                ("capability",),
+                _store_up,
+            ),
+        ),
+        page=_store_text,
+    ),
+    Gauge(
+        key="eviction",
+        read=_read_eviction,
+        check=_check_eviction,
+        expected="be {'policy': short string, 'at_risk': [short strings]}",
+        families=(
+            Family(
+                "celery_extras_store_evictable",
+                "Kinds of data celery-extras must not lose that the store's maxmemory-policy may "
+                "evict (0 under noeviction); while parked tasks are among them, nothing is parked",
+                ("policy",),
+                _evictable,
+            ),
+        ),
+        page=_eviction_text,
+    ),
+    Gauge(
+        key="waiting",  # per worker: the cluster's is the sum
+        read=_read_int("extras_policies", "waiting"),
+        check=_check_count,
+        expected="be an integer >= 0",
+        families=(
+            Family(
+                "celery_extras_tasks_waiting",
+                "Tasks held in the worker for a rate limit",
+                (),
+                _one,
+            ),
+        ),
+        page=_labelled("waiting"),
+        merge=_sum,
+    ),
+    Gauge(
+        key="parked",  # the shared store's depth, each worker sees all of it: the largest
+        read=_read_int("extras_delay", "depth", "parked"),
+        check=_check_count,
+        expected="be an integer >= 0",
+        families=(
+            Family(
+                "celery_extras_tasks_parked",
+                "Tasks parked in the delay store (store-wide), as the worker reads it",
+                (),
+                _one,
+            ),
+        ),
+        page=_labelled("parked"),
+        merge=_largest,
+    ),
+    Gauge(
+        key="concurrency",
+        read=_read_concurrency,
+        check=_check_concurrency,
+        expected="map task names to {'holding': int >= 0, 'waiting': int >= 0}",
+        families=(
+            Family(
+                "celery_extras_concurrency_holding",
+                "Concurrency slots the worker holds for running tasks, per task with concurrency()",
+                ("task",),
+                _field_per_key("holding"),
+            ),
+            Family(
+                "celery_extras_concurrency_waiting",
+                "Tasks waiting in the worker for a concurrency slot, per task with concurrency()",
+                ("task",),
+                _field_per_key("waiting"),
+            ),
+        ),
+    ),
+    Gauge(
+        key="buffered",
+        read=_read_buffered,
+        check=_check_buffered,
+        expected="map queue names to integers >= 0",
+        families=(
+            Family(
+                "celery_extras_queue_buffered",
+                "Messages the fair consumer holds for a queue",
+                ("queue",),
+                _per_key,
+            ),
+        ),
+        page=_buffered_text,
+    ),
+)

@@ -1,0 +1,142 @@
+"""The gauge table: a gauge declared once reaches the event, its check, Prometheus and Flower."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_extras.stats import gauges
+from celery_extras.stats.emitter import worker_state
+from celery_extras.stats.gauges import Family, Gauge
+from celery_extras.stats.listener import LiveState
+from celery_extras.stats.prometheus import ThroughputCollector
+from celery_extras.stats.schema import Malformed, parse
+
+INFOS: dict[str, Any] = {
+    "extras_policies": {
+        "store": "ok",
+        "waiting": 4,
+        "concurrency": {"tasks": {"t.a": {"n": 2, "holding": 2, "waiting": 1}}},
+    },
+    "extras_sync": {"store": "down"},
+    "extras_delay": {"store": "ok", "depth": 7},
+    "extras_store": {"policy": "allkeys-lru", "at_risk": ["parked tasks", "revokes"]},
+    "extras_queues": {"buffered": {"q1": 2, "q\x1b": 3}},
+}
+
+
+def event(hostname: str, state: Any) -> dict[str, Any]:
+    return {
+        "type": "worker-throughput",
+        "hostname": hostname,
+        "timestamp": 1.0,
+        "windows": [1, 10],
+        "tasks": {},
+        "extras_state": state,
+    }
+
+
+def outputs(*states: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Prometheus gauge samples ``{(family, labels): value}`` and Flower's page data."""
+    from celery_extras.flower import page_data
+
+    live = LiveState(clock=lambda: 100.0)
+    for i, state in enumerate(states):
+        live.on_event(event(f"w{i}@h", state))
+    assert live.malformed == 0
+    samples = {
+        (family.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in ThroughputCollector(live).collect()
+        for sample in family.samples
+        if family.name != "celery_extras_worker_last_event_age_seconds"
+    }
+    return samples, page_data(live)
+
+
+def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() -> None:
+    state = worker_state(INFOS)
+    assert state == {
+        "store": {"policies": "ok", "sync": "down", "delay": "ok"},
+        "eviction": {"policy": "allkeys-lru", "at_risk": ["parked tasks", "revokes"]},
+        "waiting": 4,
+        "parked": 7,
+        "concurrency": {"t.a": {"holding": 2, "waiting": 1}},
+        "buffered": {"q1": 2, "q\x1b": 3},
+    }
+    assert list(state) == [g.key for g in gauges.GAUGES]  # the event's order is the table's
+    assert parse(event("w@h", state)).state == state
+    samples, data = outputs(state)
+    w = (("worker", "w0@h"),)
+    names = {family.name for gauge in gauges.GAUGES for family in gauge.families}
+    assert {k: v for k, v in samples.items() if k[0] in names} == {
+        ("celery_extras_store_up", (("capability", "policies"), *w)): 1.0,
+        ("celery_extras_store_up", (("capability", "sync"), *w)): 0.0,
+        ("celery_extras_store_up", (("capability", "delay"), *w)): 1.0,
+        ("celery_extras_store_evictable", (("policy", "allkeys-lru"), *w)): 2.0,
+        ("celery_extras_tasks_waiting", w): 4.0,
+        ("celery_extras_tasks_parked", w): 7.0,
+        ("celery_extras_concurrency_holding", (("task", "t.a"), *w)): 2.0,
+        ("celery_extras_concurrency_waiting", (("task", "t.a"), *w)): 1.0,
+        ("celery_extras_queue_buffered", (("queue", "q1"), *w)): 2.0,
+        ("celery_extras_queue_buffered", (("queue", "q\\x1b"), *w)): 3.0,
+    }
+    assert data["workers"]["w0@h"]["gauges"] == [
+        "store: policies ok, sync down, delay ok",
+        "store may evict parked tasks, revokes (maxmemory-policy allkeys-lru)",
+        "waiting 4",
+        "parked 7",
+        "buffered 5",
+    ]
+    assert data["cluster"]["state"] == {"waiting": 4, "parked": 7}
+
+
+def test_the_page_says_only_what_a_worker_has_and_the_cluster_merges_as_declared() -> None:
+    quiet = {"eviction": {"policy": "noeviction", "at_risk": []}, "buffered": {"q": 0},
+             "waiting": 0, "store": {}}  # fmt: skip
+    busy = {"waiting": 3, "parked": 5, "store": {"sync\x07": "down\x1b"}}
+    _, data = outputs(quiet, busy, {"parked": 9})
+    assert data["workers"]["w0@h"]["gauges"] == ["waiting 0"]
+    assert data["workers"]["w1@h"]["gauges"] == ["store: sync\\x07 down\\x1b", "waiting 3",
+                                                 "parked 5"]  # fmt: skip
+    assert data["cluster"]["state"] == {"waiting": 3, "parked": 9}  # summed; the largest
+    _, empty = outputs({})
+    assert empty["cluster"]["state"] == {"waiting": 0, "parked": 0}
+
+
+WIDGETS = Gauge(
+    key="widgets",
+    read=lambda infos: (infos.get("extras_widgets") or {}).get("count"),
+    check=lambda value: value if isinstance(value, int) and value >= 0 else None,
+    expected="be an integer >= 0",
+    families=(Family("celery_extras_widgets", "Widgets", ("kind",), lambda v: [(("b\x1b",), v)]),),
+    page=lambda value: f"widgets {value}",
+    merge=sum,
+)
+
+
+def test_a_gauge_added_to_the_table_appears_in_all_four_places(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gauges, "GAUGES", (*gauges.GAUGES, WIDGETS))
+    state = worker_state({**INFOS, "extras_widgets": {"count": 3}})
+    assert state["widgets"] == 3
+    assert parse(event("w@h", state)).state["widgets"] == 3
+    with pytest.raises(Malformed, match=r"extras_state\['widgets'\] must be an integer >= 0"):
+        parse(event("w@h", {"widgets": -1}))
+    samples, data = outputs(state, {"widgets": 4})
+    assert samples[("celery_extras_widgets", (("kind", "b\\x1b"), ("worker", "w0@h")))] == 3
+    assert samples[("celery_extras_widgets", (("kind", "b\\x1b"), ("worker", "w1@h")))] == 4
+    assert data["workers"]["w0@h"]["gauges"][-1] == "widgets 3"
+    assert data["workers"]["w1@h"]["gauges"] == ["widgets 4"]
+    assert data["cluster"]["state"] == {"waiting": 4, "parked": 7, "widgets": 7}
+
+
+def test_the_flower_page_lives_in_stats_and_the_public_line_still_imports() -> None:
+    import celery_extras.flower as public
+    import celery_extras.stats.flower as page
+
+    assert public.in_flower is page.in_flower and public.page_data is page.page_data
+    assert page._TEMPLATE.parent == Path(page.__file__).parent / "templates"
+    assert "w.gauges" in page._TEMPLATE.read_text(encoding="utf-8")
