@@ -9,6 +9,7 @@ ETA store, sync, stats); its store is a private Redis, so every connection named
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,23 @@ def store(tmp_path: Path) -> Iterator[PrivateRedis]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """The in-process worker sets up logging as a worker does (root level ``error``, a
+    stderr handler): give the tests that run after it in this process theirs back."""
+    loggers = [
+        logging.root,
+        *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict)),
+    ]
+    saved = [(lg, lg.level, lg.propagate, lg.disabled, list(lg.handlers)) for lg in loggers]
+    try:
+        yield
+    finally:
+        for lg, level, propagate, disabled, handlers in saved:
+            lg.setLevel(level)
+            lg.propagate, lg.disabled, lg.handlers = propagate, disabled, handlers
 
 
 def ours(client: redis.Redis) -> list[str]:
