@@ -164,7 +164,6 @@ class StoreSafety:
         self.clock = clock
         self.refresh = refresh
         self.verdict: Verdict | None = None
-        self.refused = 0  # parks refused for eviction
         self._due = 0.0
         self._warned_persistence = False
         self._lock = threading.Lock()
@@ -201,10 +200,9 @@ class StoreSafety:
     def parks_allowed(self) -> bool:
         """``False`` when the store may evict parked tasks and that was not allowed."""
         verdict = self.current()
-        if verdict is None or self.allow_eviction or PARKED not in verdict.risk:
+        if verdict is None:
             return True  # unreadable: the park itself meets the outage, if it is one
-        self.refused += 1
-        return False
+        return self.allow_eviction or PARKED not in verdict.risk
 
     def info(self) -> dict[str, Any]:
         verdict = self.verdict
@@ -218,7 +216,6 @@ class StoreSafety:
         }
         if PARKED in verdict.risk:
             out["parking"] = "allowed" if self.allow_eviction else "refused"
-            out["parks_refused"] = self.refused
         return out
 
     def _log(self, previous: Verdict | None, verdict: Verdict) -> None:

@@ -96,7 +96,7 @@ def test_an_evicting_store_loses_no_task_and_says_what_it_puts_at_risk(
     if policy == "allkeys-lru":
         assert store["at_risk"] == ["parked tasks", "revokes", "limit and cap overrides",
                                     "retry failure memory", "concurrency slot holds"]  # fmt: skip
-        assert store["parking"] == "refused" and store["parks_refused"] >= 1000
+        assert store["parking"] == "refused"
         assert gate["eta_parked"] == 0 and gate["park_refused"] == 1000
         assert "nothing is parked there" in log
         listing = extras(cluster, "delayed").stdout.splitlines()
