@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import Cluster
 from tests.integration.test_stats import Service, free_port, http_get
+from tests.support.brokers import PrivateRedis
 from tests.support.workers import ROOT, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
@@ -101,10 +102,18 @@ def samples(text: str | None) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 
 def test_flower_page_shows_each_worker_and_task_exactly(
-    cluster: Cluster, send: Callable[..., Any], browser: Any, tmp_path: Path
+    cluster: Cluster,
+    send: Callable[..., Any],
+    browser: Any,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
+    # the store on a Redis that may evict it: the page says so on each worker's line
+    (tmp_path / "store").mkdir()
+    store = PrivateRedis(tmp_path / "store", "--maxmemory-policy", "allkeys-lru").start()
+    request.addfinalizer(store.stop)
     cluster.configure(include=STATS_TASKS, extras_stats_interval=0.5,
-                      extras_stats_windows=[1, 10, 600])  # fmt: skip
+                      extras_stats_windows=[1, 10, 600], extras_redis_url=store.url)  # fmt: skip
     a = cluster.worker("flower-a", concurrency=2, queues=[cluster.ns])
     b = cluster.worker("flower-b", concurrency=2, queues=[f"{cluster.ns}.b"])
     results = [send("tests.stats.succeeds", i) for i in range(5)]
@@ -198,6 +207,11 @@ def test_flower_page_shows_each_worker_and_task_exactly(
                          what="each worker's line equal to its gauges")  # fmt: skip
         for host in (a.hostname, b.hostname):
             assert any(part.startswith("store: ") for part in lines[host]), lines[host]
+            assert (
+                "store may evict parked tasks, revokes, limit and cap overrides, retry "
+                "failure memory, concurrency slot holds (maxmemory-policy allkeys-lru)"
+                in lines[host]
+            ), lines[host]
 
         # in Flower's navigation, marked active on its page
         link = page.locator("a.nav-link", has_text="Extras")
@@ -233,6 +247,9 @@ def test_flower_page_shows_each_worker_and_task_exactly(
         count = ("celery_extras_task_runtime_seconds_count",
                  (("task", "tests.stats.succeeds"), ("worker", b.hostname)))  # fmt: skip
         assert scrape[count] == 3
+        for worker in (a.hostname, b.hostname):  # five kinds of data the store may evict
+            labels = (("policy", "allkeys-lru"), ("worker", worker))
+            assert scrape[("celery_extras_store_evictable", labels)] == 5
         assert flower.alive(), flower.log()[-3000:]
     finally:
         flower.stop()
