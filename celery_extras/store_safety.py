@@ -25,6 +25,8 @@ import redis
 from .bounds import cut
 
 __all__ = [
+    "FULL_RECHECK",
+    "HEADROOM",
     "KEPT",
     "PARKED",
     "REFRESH",
@@ -36,6 +38,11 @@ __all__ = [
 
 #: Seconds between two reads of the store's eviction policy (it can change at run time).
 REFRESH = 60.0
+#: After a write refused for memory, parks wait until the store's used memory is below
+#: this share of its ``maxmemory`` (read at most every :data:`FULL_RECHECK` seconds), so a
+#: store at the brink does not take and refuse parks in turn.
+HEADROOM = 0.9
+FULL_RECHECK = 1.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,18 @@ def read_policy(client: Any) -> tuple[str, int]:
     return max(policies, key=lambda p: len(at_risk(p[0])))
 
 
+def read_fill(client: Any) -> float:
+    """``used_memory / maxmemory`` of the store (of a cluster, its fullest master); 0.0 where
+    no ``maxmemory`` is set."""
+    fills = [
+        node["used_memory"] / node["maxmemory"]
+        for node in _nodes(client.info("memory", **_masters(client)))
+        if isinstance(node.get("used_memory"), int) and isinstance(node.get("maxmemory"), int)
+        and node["maxmemory"] > 0
+    ]  # fmt: skip
+    return max(fills, default=0.0)
+
+
 def read_persistence(client: Any) -> str:
     """How the store survives a restart (of a cluster: what every master does);
     ``"unknown"`` where ``CONFIG`` is refused."""
@@ -167,6 +186,9 @@ class StoreSafety:
         self._due = 0.0
         self._warned_persistence = False
         self._lock = threading.Lock()
+        #: a write was refused for memory: parks wait for :data:`HEADROOM` (see :meth:`full`)
+        self.is_full = False
+        self._full_due = 0.0
 
     def stale(self) -> None:
         """Read the policy again at the next question (a store call failed: the next
@@ -197,12 +219,38 @@ class StoreSafety:
                 return None
         return self.verdict
 
-    def parks_allowed(self) -> bool:
-        """``False`` when the store may evict parked tasks and that was not allowed."""
+    def full(self) -> None:
+        """A write was refused for memory (``OOM command not allowed``): refuse parks until
+        the store's used memory is below :data:`HEADROOM` of its ``maxmemory``."""
+        self.is_full, self._full_due = True, self.clock() + FULL_RECHECK
+
+    def _still_full(self) -> bool:
+        if not self.is_full:
+            return False
+        now = self.clock()
+        if now < self._full_due:
+            return True
+        self._full_due = now + FULL_RECHECK
+        try:
+            fill = read_fill(self.client())
+        except Exception:  # unreadable: the park itself meets the outage
+            return False
+        self.is_full = fill >= HEADROOM
+        return self.is_full
+
+    def refusal(self) -> str | None:
+        """Why a park must not go to the store now: ``"full"`` (it refused a write for
+        memory and has not freed enough since), ``"evicting"`` (it may evict parked tasks
+        and that was not allowed), or ``None``."""
+        if self._still_full():
+            return "full"
         verdict = self.current()
         if verdict is None:
-            return True  # unreadable: the park itself meets the outage, if it is one
-        return self.allow_eviction or PARKED not in verdict.risk
+            return None  # unreadable: the park itself meets the outage, if it is one
+        return None if self.allow_eviction or PARKED not in verdict.risk else "evicting"
+
+    def parks_allowed(self) -> bool:
+        return self.refusal() is None
 
     def info(self) -> dict[str, Any]:
         verdict = self.verdict
@@ -216,6 +264,8 @@ class StoreSafety:
         }
         if PARKED in verdict.risk:
             out["parking"] = "allowed" if self.allow_eviction else "refused"
+        if self.is_full:
+            out["full"] = True
         return out
 
     def _log(self, previous: Verdict | None, verdict: Verdict) -> None:

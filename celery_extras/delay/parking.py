@@ -208,9 +208,10 @@ class Parker:
         keeps the message.
         """
         start = time.monotonic()
-        if not self.safety.parks_allowed():
-            self.counts["park_refused"] += 1
-            return False  # the store may evict it (reported at worker start): keep it
+        refusal = self.safety.refusal()
+        if refusal is not None:  # full (a write refused for memory), or it may evict parks
+            self.counts["park_errors" if refusal == "full" else "park_refused"] += 1
+            return False
         if self.unreplicated and self.clock() < self._replica_retry_at:
             self.counts["park_unreplicated"] += 1
             return False  # no replica acknowledged a park a moment ago: keep it, at once
@@ -230,6 +231,8 @@ class Parker:
             return False
         except STORE_ERRORS as exc:
             self.counts["park_errors"] += 1
+            if isinstance(exc, redis.exceptions.OutOfMemoryError):
+                self.safety.full()
             self.store_failed(f"parking {entry.task}[{entry.task_id}]", exc)
             return False
         self.store_answered()

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 import redis
 
-from celery_extras.store_safety import KEPT, PARKED, REFRESH, StoreSafety, at_risk
+from celery_extras.store_safety import (
+    FULL_RECHECK,
+    KEPT,
+    PARKED,
+    REFRESH,
+    StoreSafety,
+    at_risk,
+)
 from tests.support.clock import FakeClock
 
 
@@ -23,6 +30,7 @@ class FakeInfo:
     def __init__(self, policy: str = "noeviction", *, save: str | None = "", aof: int = 0,
                  nodes: int = 0) -> None:  # fmt: skip
         self.policy, self.save, self.aof, self.nodes = policy, save, aof, nodes
+        self.used = 0  # bytes of its 3 MB maxmemory in use
         self.calls = 0
         self.down = False
 
@@ -36,7 +44,9 @@ class FakeInfo:
             raise redis.ConnectionError("down")
         self.calls += 1
         if section == "memory":
-            return self._answer({"maxmemory_policy": self.policy, "maxmemory": 3 << 20})
+            return self._answer(
+                {"maxmemory_policy": self.policy, "maxmemory": 3 << 20, "used_memory": self.used}
+            )
         return self._answer({"aof_enabled": self.aof})
 
     def config_get(self, name: str) -> dict[str, Any]:
@@ -141,3 +151,23 @@ def test_each_change_of_verdict_is_logged_once(caplog: pytest.LogCaptureFixture)
                         "AOF, no RDB snapshots): parked tasks, revokes and slot holds would not "
                         "survive its restart")  # fmt: skip
     assert lines[2][0] == "WARNING" and "noeviction now" in lines[2][1]
+
+
+def test_a_full_store_takes_parks_again_only_below_its_headroom() -> None:
+    """After a write refused for memory, parks wait until used memory is below 90 % of
+    maxmemory, read at most once a second: a store at the brink does not flap."""
+    clock, server = FakeClock(), FakeInfo("noeviction")
+    safety = StoreSafety(lambda: server, clock=clock)
+    server.used = 3 << 20
+    safety.full()
+    calls = server.calls
+    assert safety.refusal() == "full" and server.calls == calls  # not read again at once
+    clock.now += FULL_RECHECK
+    server.used = int(0.95 * (3 << 20))  # a few parks taken: still at the brink
+    assert safety.refusal() == "full" and server.calls == calls + 1
+    clock.now += FULL_RECHECK / 2
+    server.used = 1 << 20
+    assert safety.refusal() == "full" and server.calls == calls + 1
+    clock.now += FULL_RECHECK / 2
+    assert safety.parks_allowed() and not safety.is_full
+    assert "full" not in safety.info()
