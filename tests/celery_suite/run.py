@@ -79,6 +79,7 @@ class Run:
     mode: str
     outcomes: dict[str, Outcome]
     record: dict[str, Any]
+    reruns: Counter[str]
 
 
 class Interrupted(Exception):
@@ -195,10 +196,16 @@ def flush(redis_url: str, mode: str) -> None:
 
 
 def run_mode(
-    mode: str, tree: Path, redis_url: str, timeout: int, max_minutes: float, extra: Sequence[str]
+    mode: str,
+    tree: Path,
+    results: Path,
+    redis_url: str,
+    timeout: int,
+    max_minutes: float,
+    extra: Sequence[str],
 ) -> dict[str, Any]:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    xml, log = RESULTS / f"{mode}.xml", RESULTS / f"{mode}.log"
+    results.mkdir(parents=True, exist_ok=True)
+    xml, log = results / f"{mode}.xml", results / f"{mode}.log"
     xml.unlink(missing_ok=True)
     cmd = [
         sys.executable,
@@ -217,6 +224,7 @@ def run_mode(
         "--timeout-method=signal",
         "-v",
         "-rfE",
+        "--rerun-show-tracebacks",  # why @flaky tests were rerun, which -rfE does not show
         *extra,
     ]
     flush(redis_url, mode)
@@ -255,7 +263,7 @@ def run_mode(
         "junitxml": str(xml),
         "log": str(log),
     }
-    (RESULTS / f"{mode}.json").write_text(json.dumps(record, indent=2) + "\n")
+    (results / f"{mode}.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
@@ -439,16 +447,24 @@ def xpassed(log: Path) -> set[str]:
     return set(re.findall(r"^(t/\S.*?) XPASS\b", text, flags=re.MULTILINE))
 
 
-def load(mode: str) -> Run | None:
-    xml, record = RESULTS / f"{mode}.xml", RESULTS / f"{mode}.json"
+def reruns(log: Path) -> Counter[str]:
+    """How many times the log shows each test rerun (pytest-rerunfailures, ``@flaky``)."""
+    if not log.exists():
+        return Counter()
+    text = log.read_text(encoding="utf-8", errors="replace")
+    return Counter(re.findall(r"^(t/\S.*?) RERUN\b", text, flags=re.MULTILINE))
+
+
+def load(results: Path, mode: str) -> Run | None:
+    xml, record = results / f"{mode}.xml", results / f"{mode}.json"
     if not xml.exists():
         return None
     meta = json.loads(record.read_text()) if record.exists() else {}
     outcomes = read_junit(xml)
-    for test in xpassed(RESULTS / f"{mode}.log"):
+    for test in xpassed(results / f"{mode}.log"):
         if test in outcomes and outcomes[test].status.startswith("passed"):
             outcomes[test].status = "x" + outcomes[test].status
-    return Run(mode, outcomes, meta)
+    return Run(mode, outcomes, meta, reruns(results / f"{mode}.log"))
 
 
 def compare(plain: Run | None, extras: Run | None) -> tuple[str, int]:
@@ -495,6 +511,13 @@ def compare(plain: Run | None, extras: Run | None) -> tuple[str, int]:
         for label, outcome in (("plain", p), ("with-extras", e)):
             if outcome.message:
                 lines.append(f"      {label}: {outcome.message}")
+    rerun = [i for i in ids if plain.reruns[i] or extras.reruns[i]]
+    lines.append("\nTests rerun by @flaky (the outcome above is the last attempt's):")
+    for i in rerun:
+        note = "" if plain.reruns[i] == extras.reruns[i] else "   <- differs"
+        lines.append(
+            f"  {i}\n      reruns plain: {plain.reruns[i]}  with-extras: {extras.reruns[i]}{note}"
+        )
     same = [
         i
         for i in ids
@@ -521,9 +544,23 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         description="Celery's own t/integration on Redis, plain and with celery-extras.",
     )
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--plain", dest="modes", action="store_const", const=["plain"])
-    which.add_argument("--with-extras", dest="modes", action="store_const", const=["with-extras"])
-    which.add_argument("--both", dest="modes", action="store_const", const=["plain", "with-extras"])
+    which.add_argument(
+        "--plain", dest="modes", action="store_const", const=["plain"], help="plain Celery only"
+    )
+    which.add_argument(
+        "--with-extras",
+        dest="modes",
+        action="store_const",
+        const=["with-extras"],
+        help="with celery_extras.install(app) on every app only",
+    )
+    which.add_argument(
+        "--both",
+        dest="modes",
+        action="store_const",
+        const=["plain", "with-extras"],
+        help="plain, then with-extras (the default)",
+    )
     which.add_argument(
         "--compare-only",
         dest="modes",
@@ -532,6 +569,12 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         help="print the comparison of the saved results, run nothing",
     )
     parser.add_argument("--redis", default="redis://127.0.0.1:6379", help="%(default)s")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="where the junit xml, logs and summary go (.celery-suite/results)",
+    )
     parser.add_argument("--timeout", type=int, default=300, help="per test, seconds (%(default)s)")
     parser.add_argument(
         "--max-minutes", type=float, default=90, help="per run, then it is stopped (%(default)s)"
@@ -544,6 +587,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parse(sys.argv[1:] if argv is None else argv)
+    results = args.results.resolve()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     with contextlib.suppress(OSError, AttributeError):  # orphans of the suite come back to us
@@ -559,19 +603,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             tree = suite_tree(celery_version()) if args.modes else None
             for mode in args.modes:
                 assert tree is not None
-                run_mode(mode, tree, args.redis, args.timeout, args.max_minutes, extra)
+                run_mode(mode, tree, results, args.redis, args.timeout, args.max_minutes, extra)
         except (Interrupted, KeyboardInterrupt) as exc:
             print(f"== run.py: interrupted ({exc or 'SIGINT'})", flush=True)
             return 2
-        report, status = compare(load("plain"), load("with-extras"))
-    missing = [m for m in args.modes if not (RESULTS / f"{m}.xml").exists()]
+        report, status = compare(load(results, "plain"), load(results, "with-extras"))
+    missing = [m for m in args.modes if not (results / f"{m}.xml").exists()]
     if missing:
         report += f"\nno junit xml from: {', '.join(missing)}\n"
         status = 2
     print("\n" + report, end="")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "summary.txt").write_text(report)
-    print(f"\nresults: {RESULTS}/ (plain.*, with-extras.*, summary.txt)")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "summary.txt").write_text(report)
+    print(f"\nresults: {results}/ (plain.*, with-extras.*, summary.txt)")
     return status
 
 
