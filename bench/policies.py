@@ -1,6 +1,6 @@
 """Policies: cost of one acquire, and achieved rates against Celery's own ``rate_limit``.
 
-* Local acquire: :class:`~celery_extras.policies.TokenBucket.reserve` against kombu's
+* Local acquire: :class:`~celery_extras.TokenBucket.reserve` against kombu's
   ``TokenBucket.can_consume`` (what Celery's ``rate_limit`` uses), in microseconds.
 * Global acquire: one Lua script call on loopback Redis, p50 over many calls.
 * Accuracy, in one run on Redis: 3 workers with ``10/s`` (Celery: per worker;
@@ -23,8 +23,8 @@ from celery import Task, shared_task
 from kombu.utils.limits import TokenBucket as KombuBucket
 
 from celery_extras import limit
-from celery_extras.policies.global_bucket import GlobalBucket
-from celery_extras.policies.token_bucket import TokenBucket
+from celery_extras.limits.redis_bucket import GlobalBucket
+from celery_extras.limits.token_bucket import TokenBucket
 from tests.support import proj
 from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.journal import Journal
@@ -52,6 +52,12 @@ def plain20(self: Task, tag: Any = None) -> None:
 @limit("20/s", scope="global")
 @shared_task(bind=True, name="bench.policies.global20")
 def global20(self: Task, tag: Any = None) -> None:
+    Journal(self.app.main or "bench").note(self, tag=tag)
+
+
+@limit("100/s", scope="global")
+@shared_task(bind=True, name="bench.policies.global100")
+def global100(self: Task, tag: Any = None) -> None:
     Journal(self.app.main or "bench").note(self, tag=tag)
 
 

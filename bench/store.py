@@ -33,7 +33,7 @@ from celery import Task, shared_task
 from celery_extras import limit
 from celery_extras.delay.entry import Entry
 from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
-from celery_extras.policies.global_bucket import GlobalBucket
+from celery_extras.limits.redis_bucket import GlobalBucket
 from celery_extras.store import connect
 from tests.support import proj
 from tests.support.brokers import REDIS_URL, require_broker

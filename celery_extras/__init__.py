@@ -9,25 +9,28 @@ Add it to an app with one call::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
+from .admission.decorators import concurrency, limit, retry_policy
+from .admission.spec import PolicyError
 from .capability import Capability
 from .consumer import FairConsumerMixin, WeightedCycle, WeightedOrder
 from .delay import DelayStore, RedisDelayStore
 from .delay.capability import delayed
-from .policies import (
+
+# last: ``install`` wires every capability above (imported first, so the module
+# ``celery_extras.install`` is bound to this name as the function, not the module)
+from .install import CAPABILITIES, install
+from .limits.rate import parse_rate
+from .limits.token_bucket import TokenBucket
+from .retries.failure_memory import Counts, MemoryCounts
+from .retries.hook import retry_memory
+from .retries.policies import (
     BucketPolicy,
     ExponentialBackoff,
     FastSlow,
     Jitter,
     MaxOf,
-    PolicyError,
     RetryPolicy,
     WithMaxWait,
-    concurrency,
-    limit,
-    retry_policy,
 )
 from .settings import ExtrasSettings, Setting, settings_of
 from .stats import Histogram, TimeWheel
@@ -37,6 +40,7 @@ __all__ = [
     "CAPABILITIES",
     "BucketPolicy",
     "Capability",
+    "Counts",
     "DelayStore",
     "DurableRevokes",
     "ExponentialBackoff",
@@ -46,12 +50,14 @@ __all__ = [
     "Histogram",
     "Jitter",
     "MaxOf",
+    "MemoryCounts",
     "PolicyError",
     "RedisDelayStore",
     "RetryPolicy",
     "RevokeStore",
     "Setting",
     "TimeWheel",
+    "TokenBucket",
     "WeightedCycle",
     "WeightedOrder",
     "WithMaxWait",
@@ -60,23 +66,9 @@ __all__ = [
     "delayed",
     "install",
     "limit",
+    "parse_rate",
     "record_revokes",
+    "retry_memory",
     "retry_policy",
     "settings_of",
 ]
-
-if TYPE_CHECKING:
-    from .install import CAPABILITIES, install
-else:
-
-    def __getattr__(name: str) -> Any:
-        """``install`` and ``CAPABILITIES``, imported on first use.
-
-        ``celery_extras.install`` imports every capability; a module of one capability
-        (``celery_extras.policies.enforce``) imports without it, so no import circle.
-        """
-        if name not in ("install", "CAPABILITIES"):
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        module = importlib.import_module(".install", __name__)
-        globals().update(install=module.install, CAPABILITIES=module.CAPABILITIES)
-        return globals()[name]

@@ -88,7 +88,7 @@ def limit_command(
     celery -A proj extras limit --show [TASK_NAME]
     celery -A proj extras limit --reset TASK_NAME
     """
-    from .policies.control import limited_tasks, reset_limit, set_limit, show_limits
+    from .limits.control import limited_tasks, reset_limit, set_limit, show_limits
 
     app = app_of(ctx)
     if show and reset:
@@ -165,7 +165,7 @@ def _show_limits(shown: dict[str, Any], only: str | None) -> None:
 @click.pass_context
 def concurrency_command(ctx: click.Context, task_name: str, n: int | None, reset: bool) -> None:
     """Change the concurrency() cap of TASK_NAME to N on every worker (within a second)."""
-    from .policies.control import set_concurrency
+    from .limits.control import set_concurrency
 
     if (n is None) != reset:
         raise click.UsageError("give N (tasks at once) or --reset, not both")

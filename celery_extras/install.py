@@ -7,8 +7,6 @@ bootsteps and hooks to the app. Calling it again only re-applies options.
 
 from __future__ import annotations
 
-import sys
-import types
 import weakref
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError
@@ -18,11 +16,11 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.exceptions import ImproperlyConfigured
 
+from .admission.capability import POLICIES
 from .capability import Capability
 from .compat import check_worker
 from .consumer.capability import CONSUMER
 from .delay.capability import DELAY
-from .policies.capability import POLICIES
 from .settings import CORE_SETTINGS, PREFIX, Setting, conf_key, declare, settings_of
 from .stats.capability import STATS
 from .store import StoreStep
@@ -112,18 +110,3 @@ def install(app: Celery, **options: Any) -> Celery:
 
 def _validate_after_configure(sender: Celery, **kwargs: Any) -> None:
     settings_of(sender)
-
-
-class _InstallModule(types.ModuleType):
-    """This module, callable as its :func:`install`.
-
-    ``celery_extras`` imports this module on first use only (so a capability's module
-    imports without it); Python then binds ``celery_extras.install`` to the module, and
-    ``celery_extras.install(app)`` must still install.
-    """
-
-    def __call__(self, app: Celery, **options: Any) -> Celery:
-        return install(app, **options)
-
-
-sys.modules[__name__].__class__ = _InstallModule

@@ -8,8 +8,8 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.worker.consumer.tasks import Tasks
 
+from ..admission.registry import policies_of
 from ..capability import Capability
-from ..policies.registry import policies_of
 from ..settings import Setting, boolean, integer, number, optional, settings_of
 from ..store import StoreStep, store_url
 from .entry import DUE_SUFFIX, due_queue_name

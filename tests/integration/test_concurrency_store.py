@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from celery_extras.policies.slot_store import SlotStore
+from celery_extras.concurrency.redis_slots import SlotStore
 from tests.support.topology import RedisClusterTopology
 from tests.support.workers import wait_for
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from celery_extras.policies import retry_memory
-from celery_extras.policies.control import set_limit
+from celery_extras import retry_memory
+from celery_extras.limits.control import set_limit
 from tests.integration.conftest import (
     RESTORE_AFTER_8S,
     Cluster,

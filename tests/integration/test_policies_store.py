@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from celery_extras.bounds import MAX_WAIT
-from celery_extras.policies.global_bucket import GlobalBucket
-from celery_extras.policies.rate import MIN_RATE
+from celery_extras.limits.rate import MIN_RATE
+from celery_extras.limits.redis_bucket import GlobalBucket
 from tests.support.brokers import REDIS_URL
 
 

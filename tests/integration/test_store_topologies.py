@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import redis
 
-from celery_extras.policies.failure_store import RedisCounts
-from celery_extras.policies.global_bucket import GlobalBucket, Override
+from celery_extras.limits.redis_bucket import GlobalBucket, Override
+from celery_extras.retries.redis_failure_memory import RedisCounts
 from celery_extras.store import connect
 from celery_extras.sync.revoke_store import RevokeStore
 from tests.support.clock import FakeClock

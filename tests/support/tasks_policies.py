@@ -6,8 +6,7 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from celery_extras import ExponentialBackoff, limit, retry_policy
-from celery_extras.policies import retry_memory
+from celery_extras import ExponentialBackoff, limit, retry_memory, retry_policy
 
 from .journal import Journal
 

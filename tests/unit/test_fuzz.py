@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 
 from celery_extras import install
 from celery_extras.install import all_settings
-from celery_extras.policies.control import extras_limit, extras_limit_reset
-from celery_extras.policies.enforce import ENFORCER_ATTR, Enforcer
-from celery_extras.policies.failure_store import RedisCounts
-from celery_extras.policies.global_bucket import Override
-from celery_extras.policies.spec import LimitSpec
+from celery_extras.limits.control import extras_limit, extras_limit_reset
+from celery_extras.limits.gate import ENFORCER_ATTR, Enforcer
+from celery_extras.limits.redis_bucket import Override
+from celery_extras.limits.spec import LimitSpec
+from celery_extras.retries.redis_failure_memory import RedisCounts
 from celery_extras.settings import validate
 from celery_extras.sync.control import (
     HELLO_REPLY_BYTES,

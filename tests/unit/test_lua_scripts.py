@@ -17,8 +17,9 @@ import pytest
 
 import celery_extras
 from celery_extras import scripts
+from celery_extras.concurrency import redis_slots as slot_store
 from celery_extras.delay import redis_store
-from celery_extras.policies import global_bucket, slot_store
+from celery_extras.limits import redis_bucket as global_bucket
 from celery_extras.sync import revoke_store
 
 PACKAGE = Path(celery_extras.__file__).parent

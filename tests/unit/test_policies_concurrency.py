@@ -11,13 +11,12 @@ from celery import Celery, shared_task
 from celery.worker import state as worker_state
 
 import celery_extras
-from celery_extras import PolicyError, compat, concurrency, limit, retry_policy
-from celery_extras.policies import ExponentialBackoff
-from celery_extras.policies.concurrency import SlotGate
-from celery_extras.policies.decorators import _STRATEGY
-from celery_extras.policies.registry import policies_of
-from celery_extras.policies.slots import SlotTable, WaitQueues
-from celery_extras.policies.spec import ConcurrencySpec
+from celery_extras import ExponentialBackoff, PolicyError, compat, concurrency, limit, retry_policy
+from celery_extras.admission.decorators import _STRATEGY
+from celery_extras.admission.registry import policies_of
+from celery_extras.concurrency.gate import SlotGate
+from celery_extras.concurrency.slot_table import SlotTable, WaitQueues
+from celery_extras.concurrency.spec import ConcurrencySpec
 from tests.support.clock import FakeClock
 
 

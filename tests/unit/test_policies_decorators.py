@@ -9,9 +9,9 @@ from celery import Celery, shared_task
 
 import celery_extras
 from celery_extras import ExponentialBackoff, PolicyError, limit, retry_policy
-from celery_extras.policies.decorators import _STRATEGY
-from celery_extras.policies.registry import policies_of, target_of
-from celery_extras.policies.spec import LimitSpec
+from celery_extras.admission.decorators import _STRATEGY
+from celery_extras.admission.registry import policies_of, target_of
+from celery_extras.limits.spec import LimitSpec
 
 
 def make_app(name: str = "unit") -> Celery:

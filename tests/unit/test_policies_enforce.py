@@ -17,10 +17,10 @@ from celery import Celery
 from celery.worker import state as worker_state
 
 from celery_extras.bounds import MAX_WAIT
-from celery_extras.policies.enforce import Enforcer, GatedConsumer
-from celery_extras.policies.rate import MIN_RATE
-from celery_extras.policies.spec import LimitSpec
-from celery_extras.policies.token_bucket import TokenBucket
+from celery_extras.limits.gate import Enforcer, GatedConsumer
+from celery_extras.limits.rate import MIN_RATE
+from celery_extras.limits.spec import LimitSpec
+from celery_extras.limits.token_bucket import TokenBucket
 from tests.support.clock import FakeClock
 
 SETTINGS = {"limit_max_hold": 2.0, "limit_on_store_error": "local", "limit_store_retry": 1.0}
@@ -386,8 +386,8 @@ def test_a_stored_rate_is_announced_once_whichever_starts_first(
 ) -> None:
     """Celery orders the consumer's Tasks step and ours either way: the task's strategy
     (which registers its limit) may be built before or after the stored rates load."""
-    from celery_extras.policies import enforce
-    from celery_extras.policies.global_bucket import Override
+    from celery_extras.limits import gate as enforce
+    from celery_extras.limits.redis_bucket import Override
 
     enforce._announced.clear()
     enforcer = Enforcer(Celery("unit-announce", set_as_current=False), SETTINGS, FakeClock())

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from celery_extras.policies.limiter import Limiter
-from celery_extras.policies.spec import LimitSpec
+from celery_extras.limits.planner import Limiter
+from celery_extras.limits.spec import LimitSpec
 from tests.support.clock import FakeClock
 
 SETTINGS = {"limit_max_hold": 2.0, "limit_on_store_error": "local", "limit_store_retry": 1.0}

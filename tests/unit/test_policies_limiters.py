@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from celery_extras.policies import (
+from celery_extras import (
     BucketPolicy,
     ExponentialBackoff,
     FastSlow,
@@ -17,8 +17,8 @@ from celery_extras.policies import (
     WithMaxWait,
     parse_rate,
 )
-from celery_extras.policies.counts import Counts
-from celery_extras.policies.rate import format_rate
+from celery_extras.limits.rate import format_rate
+from celery_extras.retries.failure_memory import Counts
 from tests.support.clock import FakeClock
 
 # -- rate syntax ----------------------------------------------------------------------------

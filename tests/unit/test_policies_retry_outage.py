@@ -13,8 +13,8 @@ import pytest
 from celery import Celery
 
 from celery_extras import ExponentialBackoff
-from celery_extras.policies.retry import _countdown
-from celery_extras.policies.spec import RetrySpec
+from celery_extras.retries.hook import _countdown
+from celery_extras.retries.spec import RetrySpec
 
 
 def test_waits_back_off_on_request_retries_while_the_store_is_down() -> None:

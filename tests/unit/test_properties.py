@@ -8,7 +8,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_extras.policies.token_bucket import TokenBucket
+from celery_extras.limits.token_bucket import TokenBucket
 from celery_extras.stats.timewheel import minute_wheel
 from tests.support.clock import FakeClock
 

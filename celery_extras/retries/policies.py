@@ -3,7 +3,7 @@
 Modelled on Kubernetes' ``workqueue/default_rate_limiters.go``. Every limiter has
 ``when(item) -> seconds`` (called once per failure), ``forget(item)`` (called on
 success) and ``num_requeues(item)``. Per-item failure memory sits behind a
-:class:`~celery_extras.policies.counts.Counts`, and :meth:`RetryPolicy.bind`
+:class:`~celery_extras.retries.failure_memory.Counts`, and :meth:`RetryPolicy.bind`
 returns a copy whose memory lives elsewhere (Redis, in a worker).
 
 Arguments are checked by :meth:`RetryPolicy.check` rather than in ``__init__``, so
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import Literal
 
 from ..checks import is_int, is_number
-from .counts import Counts, CountsFactory, MemoryCounts
-from .rate import parse_rate
-from .token_bucket import TokenBucket
+from ..limits.rate import parse_rate
+from ..limits.token_bucket import TokenBucket
+from .failure_memory import Counts, CountsFactory, MemoryCounts
 
 __all__ = [
     "BucketPolicy",

@@ -23,12 +23,12 @@ from celery.worker.control import nok as not_ok
 
 from ..bounds import shown
 from ..checks import is_int
+from ..concurrency.redis_slots import SlotStore
+from ..concurrency.spec import MAX_CONCURRENCY
 from ..store import redis_client, store_key
-from .enforce import ENFORCER_ATTR, Enforcer
-from .global_bucket import GlobalBucket, Override
+from .gate import ENFORCER_ATTR, Enforcer
 from .rate import format_rate, parse_burst, parse_rate
-from .slot_store import SlotStore
-from .spec import MAX_CONCURRENCY
+from .redis_bucket import GlobalBucket, Override
 
 __all__ = [
     "extras_limit",
@@ -86,7 +86,7 @@ def limited_tasks(app: Celery, timeout: float = 1.0) -> dict[str, dict[str, Any]
     task registry (the ``limit()`` it declares, so a limit can be set before any
     worker runs).
     """
-    from .registry import policies_of
+    from ..admission.registry import policies_of
 
     found: dict[str, dict[str, Any]] = {}
     try:

@@ -40,12 +40,13 @@ from celery.exceptions import TaskRevokedError
 from celery.worker.request import Request
 
 from .. import compat
+from ..admission.spec import call_key
 from ..outage import OutageLog, store_text
 from ..signals import task_concurrency_limited
 from ..store import redis_client, store_key, store_url
-from .slot_store import HANDOVER_PATIENCE, SlotStore
-from .slots import Bucket, SlotTable, WaitQueues
-from .spec import ConcurrencySpec, call_key
+from .redis_slots import HANDOVER_PATIENCE, SlotStore
+from .slot_table import Bucket, SlotTable, WaitQueues
+from .spec import ConcurrencySpec
 
 __all__ = ["SLOTS_ATTR", "SlotConsumer", "SlotGate"]
 

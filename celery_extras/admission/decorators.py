@@ -14,11 +14,14 @@ from typing import Any, TypeVar
 
 from celery import Celery, Task
 
-from .enforce import limited_strategy
+from ..concurrency.spec import ConcurrencySpec
+from ..limits.gate import limited_strategy
+from ..limits.spec import LimitSpec
+from ..retries.hook import install_retry
+from ..retries.policies import RetryPolicy
+from ..retries.spec import RetrySpec
 from .registry import policies_of, record, target_of, tasks_made_from
-from .retry import install_retry
-from .retry_limiters import RetryPolicy
-from .spec import ConcurrencySpec, KeyFunc, LimitSpec, RetrySpec
+from .spec import KeyFunc
 
 __all__ = ["apply_policies", "concurrency", "limit", "retry_policy", "track_app"]
 

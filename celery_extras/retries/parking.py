@@ -15,7 +15,7 @@ from typing import Any
 
 from kombu.serialization import dumps
 
-from .parking import Parker
+from ..delay.parking import Parker
 
 __all__ = ["ParkingProducer"]
 

@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from ..admission.stored_table import StoredTable
 from ..checks import is_int
 from ..scripts import load
 from .spec import MAX_CONCURRENCY
-from .stored_table import StoredTable
 
 __all__ = [
     "ACQUIRE_SCRIPT",

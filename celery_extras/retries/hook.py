@@ -6,7 +6,7 @@ every worker sees the same per-item memory; success forgets it. The retry goes
 through Celery's own ``task.retry`` (publish the retry, then the old message is
 acked), and a countdown may be a fraction of a second. A retry that waits longer
 than ``extras_limit_max_hold`` is parked in the delay store instead of published
-with an ETA (:mod:`celery_extras.delay.retry`), so no broker's visibility timeout
+with an ETA (:mod:`celery_extras.retries.parking`), so no broker's visibility timeout
 delivers it twice. Retries exhausted: the
 task fails with the original exception.
 
@@ -30,12 +30,12 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from ..bounds import clamp_wait, shown
 from ..delay.parking import Parker
-from ..delay.retry import ParkingProducer
 from ..outage import OutageLog
 from ..settings import settings_of
 from ..store import forget_after_fork, redis_client, store_key, store_url
-from .failure_store import redis_counts
-from .retry_limiters import RetryPolicy
+from .parking import ParkingProducer
+from .policies import RetryPolicy
+from .redis_failure_memory import redis_counts
 from .spec import RetrySpec
 
 __all__ = ["install_retry", "retry_memory"]

@@ -17,7 +17,9 @@ from celery import Celery, Task
 from celery.local import PromiseProxy, Proxy
 
 from ..compat import promise_proxy_parts, shared_task_parts
-from .spec import ConcurrencySpec, LimitSpec, RetrySpec
+from ..concurrency.spec import ConcurrencySpec
+from ..limits.spec import LimitSpec
+from ..retries.spec import RetrySpec
 
 __all__ = ["POLICY_ATTR", "TaskPolicies", "policies_of", "target_of"]
 

@@ -1,7 +1,7 @@
 """A token bucket shared by every worker: one atomic Lua script per acquire on Redis.
 
 The script keeps the bucket as a theoretical arrival time (GCRA, the same
-arithmetic as :class:`~celery_extras.policies.token_bucket.TokenBucket`) in
+arithmetic as :class:`~celery_extras.limits.token_bucket.TokenBucket`) in
 microseconds of the *Redis server's* clock (``TIME``), so workers whose clocks
 disagree still share one exact rate. Each acquire books a slot and returns the
 exact wait until it (0: go now). A bucket key expires as soon as the bucket is
@@ -29,10 +29,10 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from ..admission.stored_table import StoredTable
 from ..bounds import MAX_WAIT, shown
 from ..scripts import load
 from .rate import check_rate, parse_burst
-from .stored_table import StoredTable
 
 __all__ = ["ACQUIRE_SCRIPT", "OVERRIDE_REFRESH", "GlobalBucket", "Override"]
 

@@ -18,16 +18,17 @@ from typing import Any, Literal
 
 import redis
 
+from ..admission.spec import call_key
 from ..bounds import MAX_WAIT, shown
 from ..outage import store_text
-from .global_bucket import GlobalBucket, Override
 from .rate import format_rate, parse_burst, parse_rate
-from .spec import LimitSpec, call_key
+from .redis_bucket import GlobalBucket, Override
+from .spec import LimitSpec
 from .token_bucket import TokenBucket
 
 __all__ = ["LATE_CAP", "LATE_FLOOR", "Limiter", "Plan"]
 
-logger = logging.getLogger("celery_extras.policies.enforce")
+logger = logging.getLogger("celery_extras.limits.gate")
 
 #: How late a booked slot may still be used: half the bucket's interval, so that no second
 #: sees more than rate + burst runs, but at least :data:`LATE_FLOOR` (timer jitter must not

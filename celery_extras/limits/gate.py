@@ -35,14 +35,14 @@ from celery.utils.imports import instantiate, symbol_by_name
 from celery.worker.strategy import default as default_strategy
 
 from .. import compat
+from ..admission.registry import policies_of
+from ..concurrency.gate import SLOTS_ATTR, SlotConsumer
 from ..delay.gate import DELAY_ATTR
 from ..signals import task_rate_limited
 from ..store import redis_client, store_key
-from .concurrency import SLOTS_ATTR, SlotConsumer
-from .global_bucket import GlobalBucket
-from .limiter import LATE_CAP, LATE_FLOOR, Limiter
+from .planner import LATE_CAP, LATE_FLOOR, Limiter
 from .rate import format_rate
-from .registry import policies_of
+from .redis_bucket import GlobalBucket
 from .spec import LimitSpec
 
 __all__ = [

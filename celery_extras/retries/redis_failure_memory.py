@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import redis
 
-from .counts import Counts, CountsFactory
+from .failure_memory import Counts, CountsFactory
 
 __all__ = ["RedisCounts", "redis_counts"]
 
 
 class RedisCounts:
-    """:class:`~celery_extras.policies.counts.Counts` under *prefix* in *client*'s Redis."""
+    """:class:`~celery_extras.retries.failure_memory.Counts` under *prefix* in *client*'s Redis."""
 
     def __init__(self, client: redis.Redis | redis.RedisCluster, prefix: str, ttl: float) -> None:
         self.client = client

@@ -7,11 +7,11 @@ from typing import Any
 from celery import Celery, bootsteps
 
 from ..capability import Capability
+from ..concurrency.gate import SLOTS_ATTR, SlotGate
+from ..limits.gate import ENFORCER_ATTR, Enforcer
 from ..settings import Setting, choice, number, settings_of
 from ..store import StoreStep
-from .concurrency import SLOTS_ATTR, SlotGate
 from .decorators import track_app
-from .enforce import ENFORCER_ATTR, Enforcer
 
 __all__ = ["POLICIES", "PoliciesStep"]
 
@@ -52,7 +52,7 @@ class PoliciesStep(bootsteps.StartStopStep):
 
 
 def _connect(app: Celery) -> None:
-    from . import control  # noqa: F401  (registers the extras_limit control command)
+    from ..limits import control  # noqa: F401  (registers the extras_limit control command)
 
     track_app(app)
 
