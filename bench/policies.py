@@ -23,7 +23,7 @@ from celery import Task, shared_task
 from kombu.utils.limits import TokenBucket as KombuBucket
 
 from celery_extras import limit
-from celery_extras.limits.redis_bucket import GlobalBucket
+from celery_extras.limits.redis_bucket import GlobalTokenBucket
 from celery_extras.limits.token_bucket import TokenBucket
 from tests.support import proj
 from tests.support.brokers import REDIS_URL, require_broker
@@ -88,7 +88,7 @@ def global_acquire_ms(calls: int = 3000) -> float:
     """p50 latency of one global acquire (one script call) on loopback Redis, in ms."""
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
-    bucket = GlobalBucket(client, prefix)
+    bucket = GlobalTokenBucket(client, prefix)
     for _ in range(50):
         bucket.reserve("bench", 1e6, 10**6)
     samples = []

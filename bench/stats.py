@@ -42,7 +42,8 @@ from celery import Celery
 from celery.result import AsyncResult
 from celery.worker.request import Request
 
-from celery_extras.stats.counting import RequestCounting, counting_strategy
+from celery_extras.admission.request_hook import RequestHook
+from celery_extras.stats.outcomes import OutcomeCounter, counting_strategy
 from celery_extras.stats.recorder import RECEIVED, Recorder
 from tests.support import proj
 from tests.support.brokers import BROKERS, require_broker
@@ -125,10 +126,11 @@ def hook_cost_us(number: int = 200_000, repeat: int = 5) -> tuple[float, float]:
 
     without = path(strategy, on_task_request)
     recorder = Recorder()
-    with_hooks = path(
-        counting_strategy(_Request.name, strategy, recorder),
-        RequestCounting(recorder).wrap(on_task_request),
-    )
+    hook = RequestHook()
+    hook.listen(outcomes=OutcomeCounter(recorder))
+    consumer = SimpleNamespace(on_task_request=on_task_request)
+    hook.wrap(consumer)
+    with_hooks = path(counting_strategy(_Request.name, strategy, recorder), consumer.on_task_request)
     return without, with_hooks
 
 

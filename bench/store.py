@@ -1,6 +1,6 @@
 """The store on a Redis Cluster beside a single Redis: acquire latency and limit accuracy.
 
-* Global acquire p50: one bucket script call (:class:`GlobalBucket.reserve`) on the
+* Global acquire p50: one bucket script call (:class:`GlobalTokenBucket.reserve`) on the
   shared single Redis, on a private 3-master Redis Cluster, and on a Redis behind
   Sentinel (master + replica + 3 Sentinels), all on loopback.
 * Park p50 on the Sentinel set: one delay-store park without ``WAIT`` and with
@@ -33,7 +33,7 @@ from celery import Task, shared_task
 from celery_extras import limit
 from celery_extras.delay.entry import Entry
 from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
-from celery_extras.limits.redis_bucket import GlobalBucket
+from celery_extras.limits.redis_bucket import GlobalTokenBucket
 from celery_extras.store import connect
 from tests.support import proj
 from tests.support.brokers import REDIS_URL, require_broker
@@ -64,7 +64,7 @@ def per_key(self: Task, key: str, tag: Any = None) -> None:
 def acquire_p50_ms(client: Any, calls: int = 3000) -> float:
     """p50 latency of one global acquire (one script call), in ms."""
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
-    bucket = GlobalBucket(client, prefix)
+    bucket = GlobalTokenBucket(client, prefix)
     for _ in range(50):
         bucket.reserve("bench", 1e6, 10**5)
     samples = []

@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, TypeAlias, cast
@@ -44,6 +45,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from .settings import KEY_PREFIX, REDIS_OPTIONS, REDIS_URL, STORE_ALLOW_EVICTION, settings_of
+from .store_health import StoreHealth, StoreUser
 from .store_safety import REFRESH, StoreSafety
 
 __all__ = [
@@ -56,11 +58,13 @@ __all__ = [
     "connect",
     "forget_after_fork",
     "redis_client",
+    "store_health",
     "store_key",
     "store_kind",
     "store_options",
     "store_safety",
     "store_url",
+    "store_user",
 ]
 
 #: The client of the store: a ``redis.Redis`` (single or Sentinel-managed) or a ``RedisCluster``.
@@ -79,9 +83,10 @@ logger = logging.getLogger(__name__)
 
 _clients: weakref.WeakKeyDictionary[Celery, StoreClient] = weakref.WeakKeyDictionary()
 _safety: weakref.WeakKeyDictionary[Celery, StoreSafety] = weakref.WeakKeyDictionary()
+_health: weakref.WeakKeyDictionary[Celery, StoreHealth] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 #: Caches holding store clients (or objects bound to one), emptied in a forked child.
-_per_process: list[MutableMapping[Any, Any]] = [_clients, _safety]
+_per_process: list[MutableMapping[Any, Any]] = [_clients, _safety, _health]
 
 
 def forget_after_fork(*caches: MutableMapping[Any, Any]) -> None:
@@ -386,6 +391,33 @@ def store_safety(app: Celery) -> StoreSafety:
             allow = settings_of(app)[STORE_ALLOW_EVICTION]
             safety = _safety[app] = StoreSafety(client, allow_eviction=allow)
         return safety
+
+
+def store_health(app: Celery) -> StoreHealth:
+    """The app's :class:`~.store_health.StoreHealth` in this process: whether its store
+    answers, shared by every user of the store (a pool process has its own)."""
+    with _lock:
+        health = _health.get(app)
+        if health is None:
+            retry = float(settings_of(app).get("limit_store_retry", 1.0))
+            health = _health[app] = StoreHealth(retry)
+        return health
+
+
+def store_user(
+    app: Celery,
+    logger: logging.Logger,
+    what: str,
+    consequence: str,
+    clock: Callable[[], float] = time.monotonic,
+) -> StoreUser:
+    """*what*'s view of the app's :func:`store_health` (on another *clock*, a test's, a
+    health of its own)."""
+    if clock is time.monotonic:
+        health = store_health(app)
+    else:
+        health = StoreHealth(float(settings_of(app).get("limit_store_retry", 1.0)), clock)
+    return health.user(logger, what, consequence)
 
 
 def close_client(app: Celery) -> None:

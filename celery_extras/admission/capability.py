@@ -1,4 +1,5 @@
-"""The policies capability as ``install(app)`` wires it: settings, bootsteps, hooks."""
+"""The policies (limits, concurrency, retries) as ``install(app)`` wires them: settings, the
+admission step and its gates, the decorators' hooks."""
 
 from __future__ import annotations
 
@@ -7,46 +8,51 @@ from typing import Any
 from celery import Celery, bootsteps
 
 from ..capability import Capability
-from ..concurrency.gate import SLOTS_ATTR, SlotGate
-from ..limits.gate import ENFORCER_ATTR, Enforcer
+from ..concurrency.gate import SlotGate
+from ..limits.gate import LimitGate
 from ..settings import Setting, choice, number, settings_of
 from ..store import StoreStep
 from .decorators import track_app
+from .gate import GateFactory
+from .pipeline import PIPELINE_ATTR, Pipeline
 
-__all__ = ["POLICIES", "PoliciesStep"]
+__all__ = ["GATES", "POLICIES", "AdmissionStep"]
 
 
-class PoliciesStep(bootsteps.StartStopStep):
-    """Consumer step owning the worker's :class:`~.enforce.Enforcer` (limits before the pool)
-    and :class:`~.concurrency.SlotGate` (concurrency slots, after the limits)."""
+#: The gates every task with a policy passes, in this order: a task first waits for its
+#: rate, then for a concurrency slot (a slot is held only while the task runs).
+GATES: tuple[GateFactory, ...] = (LimitGate, SlotGate)
 
-    label = "extras-policies"
+
+class AdmissionStep(bootsteps.StartStopStep):
+    """Consumer step owning the worker's admission :class:`~.pipeline.Pipeline` (its gates:
+    :data:`GATES`)."""
+
+    label = "extras-admission"
     requires = ("celery.worker.consumer.connection:Connection", StoreStep)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
-        setattr(c, ENFORCER_ATTR, Enforcer(c.app, settings_of(c.app)))
-        setattr(c, SLOTS_ATTR, SlotGate(c.app, settings_of(c.app)))
+        settings = settings_of(c.app)
+        setattr(c, PIPELINE_ATTR, Pipeline([gate(c.app, settings) for gate in GATES]))
 
     def start(self, c: Any) -> None:
-        enforcer: Enforcer = getattr(c, ENFORCER_ATTR)
-        enforcer.load_overrides()
-        enforcer.announce(*enforcer.overrides)
-        getattr(c, SLOTS_ATTR).start(c)
+        pipeline: Pipeline = getattr(c, PIPELINE_ATTR)
+        pipeline.gate(LimitGate.label).load_overrides()
+        pipeline.start(c)
 
     def stop(self, c: Any) -> None:
-        getattr(c, ENFORCER_ATTR).stop()
-        getattr(c, SLOTS_ATTR).stop()
+        getattr(c, PIPELINE_ATTR).stop()
 
     def shutdown(self, c: Any) -> None:
-        getattr(c, ENFORCER_ATTR).stop()
-        getattr(c, SLOTS_ATTR).stop()
+        getattr(c, PIPELINE_ATTR).stop()
 
     def info(self, c: Any) -> dict[str, Any]:
+        pipeline: Pipeline = getattr(c, PIPELINE_ATTR)
         return {
             "extras_policies": {
-                **getattr(c, ENFORCER_ATTR).info(),
-                "concurrency": getattr(c, SLOTS_ATTR).info(),
+                **pipeline.gate(LimitGate.label).info(),
+                "concurrency": pipeline.gate(SlotGate.label).info(),
             }
         }
 
@@ -107,6 +113,6 @@ POLICIES = Capability(
             "failure (success forgets it at once).",
         ),
     ),
-    consumer_steps=(PoliciesStep,),
+    consumer_steps=(AdmissionStep,),
     connect=_connect,
 )

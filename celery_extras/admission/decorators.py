@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 from celery import Celery, Task
 
 from ..concurrency.spec import ConcurrencySpec
-from ..limits.gate import limited_strategy
 from ..limits.spec import LimitSpec
 from ..retries.hook import install_retry
 from ..retries.policies import RetryPolicy
 from ..retries.spec import RetrySpec
+from .consumer import admitted_strategy
 from .registry import policies_of, record, target_of, tasks_made_from
 from .spec import KeyFunc
 
@@ -28,7 +28,8 @@ __all__ = ["apply_policies", "concurrency", "limit", "retry_policy", "track_app"
 T = TypeVar("T")
 
 _apps: weakref.WeakSet[Celery] = weakref.WeakSet()
-_STRATEGY = f"{limited_strategy.__module__}:{limited_strategy.__name__}"
+#: The strategy of a task with ``limit()`` or ``concurrency()`` (by name, as Celery takes it).
+_STRATEGY = f"{admitted_strategy.__module__}:{admitted_strategy.__name__}"
 
 
 def limit(

@@ -44,7 +44,7 @@ __all__ = [
     "HANDOVER_PATIENCE",
     "RELEASE_SCRIPT",
     "RENEW_SCRIPT",
-    "SlotStore",
+    "RedisSlots",
 ]
 
 #: Seconds the first ticket of a queue may wait while a releasing worker hands its slot to
@@ -81,7 +81,7 @@ def _parse_cap(name: str, raw: Any) -> int | None:
     return n if is_int(n, minimum=1, maximum=MAX_CONCURRENCY) else None
 
 
-class SlotStore:
+class RedisSlots:
     """Cluster-wide concurrency slots under *prefix* in *client*'s Redis (or Redis Cluster)."""
 
     def __init__(

@@ -28,7 +28,7 @@ from typing import Any
 from celery import Celery
 from celery.utils.time import maybe_iso8601
 
-from .. import compat
+from ..admission.waits import TimerHolds
 from ..signals import task_released
 from .core import Claim, Mover, Take
 from .entry import CLAIM_HEADER, PARKED_HEADER, Entry
@@ -77,7 +77,7 @@ class ArrivalGate:
         self.clock = clock
         self.wall = wall
         self.slots: dict[str, float] = {}  # task id -> due time of its booked slot (clock)
-        self.waiting: dict[int, Any] = {}  # messages held while the store is away
+        self.holds = TimerHolds()  # messages held while the store is away
         self.counts = {"taken": 0, "duplicates": 0, "unverified": 0, "eta_parked": 0}
         self._warned_unverified = 0.0
 
@@ -179,12 +179,11 @@ class ArrivalGate:
 
     def _wait_for_store(self, consumer: Any, name: str, message: Any, ack: Any) -> None:
         """Keep *message* unacked and deliver it to its strategy again after a while."""
-        compat.widen_prefetch(consumer)
+        key = id(message)
 
         def again() -> None:
-            if self.waiting.pop(id(message), None) is None:
+            if not self.holds.release(consumer, key):
                 return
-            compat.narrow_prefetch(consumer)
             strategy = consumer.strategies.get(name)
             if strategy is None:
                 return
@@ -194,15 +193,13 @@ class ArrivalGate:
             except Exception:
                 logger.exception("celery-extras: could not deliver held %s again", name)
 
-        self.waiting[id(message)] = consumer.timer.call_after(self.store_retry, again, priority=6)
+        self.holds.hold(consumer, key, self.store_retry, again)
 
     def stop(self) -> None:
-        for entry in self.waiting.values():
-            entry.cancel()
-        self.waiting.clear()
+        self.holds.drop_all()
 
     def info(self) -> dict[str, Any]:
-        return {**self.counts, **self.parker.counts, "held_for_store": len(self.waiting),
+        return {**self.counts, **self.parker.counts, "held_for_store": len(self.holds),
                 "store": "down" if self.parker.down else "ok"}  # fmt: skip
 
 

@@ -22,7 +22,6 @@ import redis
 from celery import Celery
 from kombu.entity import Exchange, Queue
 
-from ..outage import OutageLog
 from ..settings import settings_of
 from ..signals import task_parked
 from ..store import (
@@ -33,6 +32,7 @@ from ..store import (
     store_options,
     store_safety,
     store_url,
+    store_user,
 )
 from .core import DelayStore
 from .entry import (
@@ -112,7 +112,10 @@ class Parker:
         self.tombstone_ttl = tombstone_ttl
         self.clock = clock
         self._store: DelayStore | None = None
-        self.outage = OutageLog(logger, "delay store")
+        self.health = store_user(
+            app, logger, "delay store", "waiting tasks are held or kept unacked until it answers",
+            clock,
+        )  # fmt: skip
         self.safety = store_safety(app)
         #: no replica acknowledged the last park tried; parks fail at once until this time
         self.unreplicated = False
@@ -121,7 +124,7 @@ class Parker:
 
     @property
     def down(self) -> bool:
-        return self.outage.down
+        return self.health.down
 
     @property
     def store(self) -> DelayStore:
@@ -141,12 +144,12 @@ class Parker:
         (``OOM command not allowed``) is one too. The next park reads the store's eviction
         policy again: the connection that comes back may reach another Redis."""
         self.safety.stale()
-        self.outage.failed(
+        self.health.failed(
             exc, f"while {what}: waiting tasks are held or kept unacked until it answers"
         )
 
     def store_answered(self) -> None:
-        self.outage.ok()
+        self.health.answered()
 
     def entry(
         self,

@@ -21,14 +21,16 @@ from celery import Celery
 from celery.worker.control import control_command, ok
 from celery.worker.control import nok as not_ok
 
+from ..admission.pipeline import PIPELINE_ATTR
 from ..bounds import shown
 from ..checks import is_int
-from ..concurrency.redis_slots import SlotStore
+from ..concurrency.redis_slots import RedisSlots
 from ..concurrency.spec import MAX_CONCURRENCY
 from ..store import redis_client, store_key
-from .gate import ENFORCER_ATTR, Enforcer
+from .gate import LimitGate
+from .planner import LimitPlanner
 from .rate import format_rate, parse_burst, parse_rate
-from .redis_bucket import GlobalBucket, Override
+from .redis_bucket import GlobalTokenBucket, Override
 
 __all__ = [
     "extras_limit",
@@ -43,15 +45,21 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+def _planner(consumer: Any) -> LimitPlanner | None:
+    """The limits of *consumer*'s admission pipeline, if celery-extras runs there."""
+    pipeline = getattr(consumer, PIPELINE_ATTR, None)
+    return None if pipeline is None else pipeline.gate(LimitGate.label).planner
+
+
 def extras_limit(
     state: Any, task_name: Any = None, rate: Any = None, burst: Any = None, **kwargs: Any
 ) -> dict[str, Any]:
     """Set the celery-extras limit of a task on this worker."""
-    enforcer: Enforcer | None = getattr(state.consumer, ENFORCER_ATTR, None)
-    if enforcer is None:
+    planner = _planner(state.consumer)
+    if planner is None:
         return dict(not_ok("celery-extras policies are not installed on this worker"))
     try:
-        return dict(ok(enforcer.set_limit(task_name, rate, burst)))
+        return dict(ok(planner.set_limit(task_name, rate, burst)))
     except ValueError as exc:
         return dict(not_ok(str(exc)))
 
@@ -64,14 +72,14 @@ control_command(
 
 def extras_limit_reset(state: Any, task_name: Any = None, **kwargs: Any) -> dict[str, Any]:
     """Drop the run-time rate of a task on this worker: back to its ``limit()``."""
-    enforcer: Enforcer | None = getattr(state.consumer, ENFORCER_ATTR, None)
-    if enforcer is None:
+    planner = _planner(state.consumer)
+    if planner is None:
         return dict(not_ok("celery-extras policies are not installed on this worker"))
-    if not isinstance(task_name, str) or task_name not in enforcer.specs:
+    if not isinstance(task_name, str) or task_name not in planner.specs:
         return dict(not_ok(f"task {shown(task_name)} has no limit() on this worker"))
-    had = enforcer.overrides.pop(task_name, None)
-    enforcer._retune(task_name)
-    spec = enforcer.specs[task_name]
+    had = planner.overrides.pop(task_name, None)
+    planner._retune(task_name)
+    spec = planner.specs[task_name]
     back = f"{task_name}: back to {spec.text} (burst {spec.burst}, {spec.scope})"
     return dict(ok(back if had is not None else back + "; it had no run-time rate"))
 
@@ -111,7 +119,7 @@ def limited_tasks(app: Celery, timeout: float = 1.0) -> dict[str, dict[str, Any]
 def show_limits(app: Celery, timeout: float = 1.0) -> dict[str, Any]:
     """``{"stored": {name: rate text}, "tasks": limited_tasks(...)}`` for ``--show``."""
     stored: dict[str, Any] = {}
-    for name, raw in GlobalBucket(redis_client(app), store_key(app)).overrides().items():
+    for name, raw in GlobalTokenBucket(redis_client(app), store_key(app)).overrides().items():
         try:
             override = Override.loads(raw)
         except ValueError as exc:
@@ -124,7 +132,7 @@ def show_limits(app: Celery, timeout: float = 1.0) -> dict[str, Any]:
 
 def reset_limit(app: Celery, task_name: str, timeout: float = 1.0) -> list[dict[str, Any]]:
     """Remove *task_name*'s stored rate and drop it on the running workers; their replies."""
-    GlobalBucket(redis_client(app), store_key(app)).set_override(task_name, None)
+    GlobalTokenBucket(redis_client(app), store_key(app)).set_override(task_name, None)
     replies: list[dict[str, Any]] = app.control.broadcast(
         "extras_limit_reset", arguments={"task_name": task_name}, reply=True, timeout=timeout
     )
@@ -142,7 +150,7 @@ def set_limit(
     checked = None if burst is None else parse_burst(burst)
     text = rate.strip() if isinstance(rate, str) else format_rate(per_second)
     override = Override(per_second, checked, text)
-    GlobalBucket(redis_client(app), store_key(app)).set_override(task_name, override)
+    GlobalTokenBucket(redis_client(app), store_key(app)).set_override(task_name, override)
     arguments: dict[str, Any] = {"task_name": task_name, "rate": rate, "burst": burst}
     replies: list[dict[str, Any]] = app.control.broadcast(
         "extras_limit", arguments=arguments, reply=True, timeout=timeout
@@ -159,4 +167,4 @@ def set_concurrency(app: Celery, task_name: str, n: int | None) -> None:
         raise ValueError(f"task name {task_name!r}: expected a task name")
     if n is not None and not is_int(n, minimum=1, maximum=MAX_CONCURRENCY):
         raise ValueError(f"n {n!r}: expected an int from 1 to {MAX_CONCURRENCY}")
-    SlotStore(redis_client(app), store_key(app)).set_cap(task_name, n)
+    RedisSlots(redis_client(app), store_key(app)).set_cap(task_name, n)

@@ -1,11 +1,12 @@
 """The limits' decisions, on an injected clock: which bucket, how long to wait, what to do.
 
-:class:`Limiter` books slots in a task's bucket (global on Redis through
-:class:`~.global_bucket.GlobalBucket`, or local :class:`~.token_bucket.TokenBucket`),
-applies run-time rates, falls back while the store is away (logged once per
-outage), and :meth:`Limiter.plan` says what to do with an arriving task: run it,
-hold it in the worker, or park it in the delay store. No Celery import: the
-Celery gate is :mod:`.enforce`.
+:class:`LimitPlanner` books slots in a task's bucket (global on Redis through
+:class:`~.redis_bucket.GlobalTokenBucket`, or local :class:`~.token_bucket.TokenBucket`),
+applies run-time rates, falls back while the store is away (its
+:class:`~celery_extras.store_health.StoreUser` logs that once per outage), and
+:meth:`LimitPlanner.plan` says what to do with an arriving task: run it, hold it in
+the worker, or park it in the delay store. No Celery import: the gate of the
+admission pipeline is :mod:`.gate`.
 """
 
 from __future__ import annotations
@@ -16,17 +17,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import redis
-
 from ..admission.spec import call_key
 from ..bounds import MAX_WAIT, shown
-from ..outage import store_text
+from ..store_health import StoreHealth, StoreUser, store_text
 from .rate import format_rate, parse_burst, parse_rate
-from .redis_bucket import GlobalBucket, Override
+from .redis_bucket import GlobalTokenBucket, Override
 from .spec import LimitSpec
 from .token_bucket import TokenBucket
 
-__all__ = ["LATE_CAP", "LATE_FLOOR", "Limiter", "Plan"]
+__all__ = ["LATE_CAP", "LATE_FLOOR", "LimitPlanner", "Plan"]
 
 logger = logging.getLogger("celery_extras.limits.gate")
 
@@ -59,17 +58,19 @@ class Plan:
     fallback: bool = False
 
 
-class Limiter:
+class LimitPlanner:
     """One worker's limits, decided on *clock*: buckets, run-time rates, store health.
 
-    *global_bucket* builds the store's :class:`GlobalBucket` when first needed.
+    *global_bucket* builds the store's :class:`GlobalTokenBucket` when first needed;
+    *store* reports its calls (by default a store health of this planner's own).
     """
 
     def __init__(
         self,
         settings: Mapping[str, Any],
-        global_bucket: Callable[[], GlobalBucket],
+        global_bucket: Callable[[], GlobalTokenBucket],
         clock: Callable[[], float] = time.monotonic,
+        store: StoreUser | None = None,
     ) -> None:
         self.clock = clock
         self._make_bucket = global_bucket
@@ -79,11 +80,10 @@ class Limiter:
         self.specs: dict[str, LimitSpec] = {}
         self.overrides: dict[str, Override] = {}
         self.local: dict[tuple[str, str], TokenBucket] = {}
-        self.counts = {"store_errors": 0}
-        self._bucket: GlobalBucket | None = None
-        self._down = False
-        self._down_until = 0.0
-        self._store_error = ""
+        if store is None:
+            store = StoreHealth(self.store_retry, clock).user(logger, *self.outage_texts())
+        self.store = store
+        self._bucket: GlobalTokenBucket | None = None
         #: Latest global slot this worker booked per bucket, and the span (burst x interval)
         #: it covers: a fallback bucket starts after it, so an outage adds no second burst.
         self._last_slot: dict[tuple[str, str], tuple[float, float]] = {}
@@ -93,7 +93,15 @@ class Limiter:
     def register(self, name: str, spec: LimitSpec) -> None:
         self.specs[name] = spec
 
-    def global_bucket(self) -> GlobalBucket:
+    def outage_texts(self) -> tuple[str, str]:
+        """What this planner is called in the outage log, and what an outage does to it."""
+        return (
+            "global limits",
+            f"they fall back to extras_limit_on_store_error={self.on_store_error!r} "
+            "until it answers",
+        )
+
+    def global_bucket(self) -> GlobalTokenBucket:
         if self._bucket is None:
             self._bucket = self._make_bucket()
         return self._bucket
@@ -169,15 +177,13 @@ class Limiter:
         rate, burst = self.effective(name, spec)
         if spec.scope == "worker":
             return _bounded(self._local(name, key, rate, burst).reserve(max_wait=MAX_WAIT))
-        if self.clock() >= self._down_until:
+        if self.store.up():
             try:
                 wait = self.global_bucket().reserve(name, rate, burst, key)
             except Exception as exc:  # whatever the store says, the consumer carries on
-                self._store_failed(exc)
+                self.store.failed(exc)
             else:
-                if self._down:
-                    self._down = False
-                    logger.warning("celery-extras: the store answers again; global limits apply")
+                self.store.answered()
                 wait, booked = _bounded(wait)
                 if booked:
                     wait = self._after_fallback(name, key, wait)
@@ -215,23 +221,6 @@ class Limiter:
         if last is None or when > last[0]:
             self._last_slot[bucket] = (when, span)
 
-    def _store_failed(self, exc: BaseException) -> None:
-        self.counts["store_errors"] += 1
-        self._down_until = self.clock() + self.store_retry
-        self._store_error = store_text(exc)
-        if not self._down:
-            self._down = True
-            what = (
-                "the store is unreachable"
-                if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError)
-                else "the store answered the limit script with an error"
-            )
-            logger.error(
-                "celery-extras: %s (%s); global limits fall back to "
-                "extras_limit_on_store_error=%r until it answers (logged once per outage)",
-                what, self._store_error, self.on_store_error,
-            )  # fmt: skip
-
     def late_tolerance(self, name: str) -> float:
         """Seconds a booked slot of *name* may be used late (see :data:`LATE_FLOOR`)."""
         rate, _burst = self.effective(name, self.specs[name])
@@ -255,7 +244,7 @@ class Limiter:
         answered = self.clock()  # the slot is no earlier than this plus the wait
         if wait <= 0:
             return Plan("run", 0.0, booked, answered)
-        fallback = booked and self._down and spec.scope == "global"
+        fallback = booked and self.store.down and spec.scope == "global"
         if wait > self.max_hold and booked and not fallback:
             return Plan("park", wait, booked, answered + wait)
         return Plan("hold", wait, booked, answered + wait, fallback=fallback)

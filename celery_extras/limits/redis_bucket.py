@@ -34,7 +34,7 @@ from ..bounds import MAX_WAIT, shown
 from ..scripts import load
 from .rate import check_rate, parse_burst
 
-__all__ = ["ACQUIRE_SCRIPT", "OVERRIDE_REFRESH", "GlobalBucket", "Override"]
+__all__ = ["ACQUIRE_SCRIPT", "OVERRIDE_REFRESH", "GlobalTokenBucket", "Override"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Override:
         return cls(rate, burst, text)
 
 
-class GlobalBucket:
+class GlobalTokenBucket:
     """Cluster-wide token buckets under *prefix* in *client*'s Redis (or Redis Cluster)."""
 
     def __init__(

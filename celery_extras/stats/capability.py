@@ -8,7 +8,7 @@ from ..capability import Capability
 from ..checks import is_int
 from ..settings import Setting, boolean, number, reject
 from .emitter import StatsEmitter
-from .recording import StatsRecording, TaskCounting
+from .steps import StatsRecording, TaskCounting
 from .timewheel import minute_wheel
 
 __all__ = ["STATS", "windows"]

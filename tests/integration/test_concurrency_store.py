@@ -12,25 +12,25 @@ from typing import Any
 
 import pytest
 
-from celery_extras.concurrency.redis_slots import SlotStore
+from celery_extras.concurrency.redis_slots import RedisSlots
 from tests.support.topology import RedisClusterTopology
 from tests.support.workers import wait_for
 
 
 @pytest.fixture
-def store(client: Any) -> Iterator[SlotStore]:
+def store(client: Any) -> Iterator[RedisSlots]:
     prefix = f"t{uuid.uuid4().hex[:10]}"
-    yield SlotStore(client, prefix)
+    yield RedisSlots(client, prefix)
     for key in client.scan_iter(f"{prefix}:*"):
         client.delete(key)
 
 
-def take(store: SlotStore, holder: str, worker: str = "w1", cap: int = 2, key: str = "",
+def take(store: RedisSlots, holder: str, worker: str = "w1", cap: int = 2, key: str = "",
          lease: float = 30.0, more: bool = False) -> float:  # fmt: skip
     return store.acquire("t", key, holder, cap, lease, worker, more, 3.0)
 
 
-def test_cap_holds_and_release_frees_and_empties_the_bucket(store: SlotStore, client: Any) -> None:
+def test_cap_holds_and_release_frees_and_empties_the_bucket(store: RedisSlots, client: Any) -> None:
     assert take(store, "a") == 0.0 and take(store, "b") == 0.0
     retry = take(store, "c")
     assert 29.0 < retry <= 30.0  # the earliest lease's end: when a slot frees at the latest
@@ -42,7 +42,7 @@ def test_cap_holds_and_release_frees_and_empties_the_bucket(store: SlotStore, cl
     assert [k for k in client.scan_iter(f"{store.prefix}:*")] == []  # idle: nothing stored
 
 
-def test_an_expired_lease_is_reclaimed_and_renewal_keeps_it(store: SlotStore) -> None:
+def test_an_expired_lease_is_reclaimed_and_renewal_keeps_it(store: RedisSlots) -> None:
     assert take(store, "a", lease=1.0) == 0.0 and take(store, "b", lease=1.0) == 0.0
     time.sleep(0.5)
     assert store.renew("t", "", ["a"], 1.0) == []
@@ -52,7 +52,7 @@ def test_an_expired_lease_is_reclaimed_and_renewal_keeps_it(store: SlotStore) ->
 
 
 def test_the_longest_waiting_worker_is_served_first_then_goes_to_the_back(
-    store: SlotStore,
+    store: RedisSlots,
 ) -> None:
     assert take(store, "h", cap=1) == 0.0
     assert take(store, "x1", worker="w1", cap=1) > 0  # w1 waits first
@@ -66,7 +66,7 @@ def test_the_longest_waiting_worker_is_served_first_then_goes_to_the_back(
     assert take(store, "x2", worker="w2", cap=1) == 0.0
 
 
-def test_a_dead_waiters_ticket_goes_with_its_lease(store: SlotStore) -> None:
+def test_a_dead_waiters_ticket_goes_with_its_lease(store: RedisSlots) -> None:
     assert store.acquire("t", "", "x", 1, 30.0, "dead", False, 3.0) == 0.0
     assert store.acquire("t", "", "y", 1, 30.0, "dead2", False, 0.3) > 0  # dies while waiting
     store.release("t", "", "x")
@@ -75,7 +75,7 @@ def test_a_dead_waiters_ticket_goes_with_its_lease(store: SlotStore) -> None:
     assert take(store, "z", worker="alive", cap=1) == 0.0  # ...until its ticket runs out
 
 
-def test_release_notifies_subscribers(store: SlotStore, client: Any) -> None:
+def test_release_notifies_subscribers(store: RedisSlots, client: Any) -> None:
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(store.channel)
     try:
@@ -85,7 +85,7 @@ def test_release_notifies_subscribers(store: SlotStore, client: Any) -> None:
         time.sleep(0.1)
         store.release("t", "k1", "a")
         message = wait_for(lambda: pubsub.get_message(timeout=0.1), timeout=5.0)
-        assert SlotStore.parse_notice(message["data"]) == ("t", "k1")
+        assert RedisSlots.parse_notice(message["data"]) == ("t", "k1")
     finally:
         pubsub.close()
 
@@ -94,7 +94,7 @@ def test_keys_share_one_hash_tag_and_buckets_spread(
     redis_cluster_topology: RedisClusterTopology,
 ) -> None:
     client = redis_cluster_topology.client()
-    store = SlotStore(client, f"t{uuid.uuid4().hex[:10]}")
+    store = RedisSlots(client, f"t{uuid.uuid4().hex[:10]}")
     try:
         nodes = set()
         for n in range(12):
@@ -111,7 +111,7 @@ def test_keys_share_one_hash_tag_and_buckets_spread(
             client.delete(key)
 
 
-def test_run_time_caps_are_read_within_the_refresh(store: SlotStore) -> None:
+def test_run_time_caps_are_read_within_the_refresh(store: RedisSlots) -> None:
     store.set_cap("t", 3)
     assert store.caps() == {"t": 3}
     store.client.hset(store.caps_key, "bad", "x")
@@ -121,7 +121,7 @@ def test_run_time_caps_are_read_within_the_refresh(store: SlotStore) -> None:
 
 
 def test_a_release_hands_the_slot_to_the_same_worker_unless_another_waited_long(
-    store: SlotStore,
+    store: RedisSlots,
 ) -> None:
     def hand(old: str, new: str, worker: str, patience: float) -> bool:
         return store.hand_over("t", "", old, new, 1, 30.0, worker, False, patience, 3.0)

@@ -16,7 +16,7 @@ import redis
 
 from celery_extras.bounds import MAX_WAIT
 from celery_extras.limits.rate import MIN_RATE
-from celery_extras.limits.redis_bucket import GlobalBucket
+from celery_extras.limits.redis_bucket import GlobalTokenBucket
 from tests.support.brokers import REDIS_URL
 
 
@@ -26,16 +26,16 @@ def client() -> redis.Redis[str]:
 
 
 @pytest.fixture
-def bucket(client: redis.Redis[str]) -> Iterator[GlobalBucket]:
+def bucket(client: redis.Redis[str]) -> Iterator[GlobalTokenBucket]:
     prefix = f"t{uuid.uuid4().hex[:10]}"
-    yield GlobalBucket(client, prefix)
+    yield GlobalTokenBucket(client, prefix)
     for key in client.scan_iter(f"{prefix}:*"):
         client.delete(key)
 
 
 @pytest.mark.parametrize("stored", ["1e300", "inf", "-1e300", "abc", "", "9" * 400])
 def test_a_garbage_bucket_time_reads_as_a_full_bucket(
-    bucket: GlobalBucket, client: redis.Redis[str], stored: str
+    bucket: GlobalTokenBucket, client: redis.Redis[str], stored: str
 ) -> None:
     client.set(bucket.bucket_key("t"), stored)
     waits = [bucket.reserve("t", 10.0, 2) for _ in range(3)]
@@ -50,7 +50,10 @@ def test_a_garbage_bucket_time_reads_as_a_full_bucket(
      json.dumps({"rate": "1000"}), json.dumps([1000]), "not json", "{" * 10_000],
 )  # fmt: skip
 def test_an_override_out_of_bounds_is_ignored_and_logged_once(
-    bucket: GlobalBucket, client: redis.Redis[str], caplog: pytest.LogCaptureFixture, stored: str
+    bucket: GlobalTokenBucket,
+    client: redis.Redis[str],
+    caplog: pytest.LogCaptureFixture,
+    stored: str,
 ) -> None:
     client.hset(bucket.overrides_key, "t", stored)
     with caplog.at_level(logging.ERROR):
@@ -60,14 +63,16 @@ def test_an_override_out_of_bounds_is_ignored_and_logged_once(
     assert len(logged) == 1 and "ignoring the stored run-time limit of 't'" in logged[0]
 
 
-def test_an_override_within_bounds_applies(bucket: GlobalBucket, client: redis.Redis[str]) -> None:
+def test_an_override_within_bounds_applies(
+    bucket: GlobalTokenBucket, client: redis.Redis[str]
+) -> None:
     client.hset(bucket.overrides_key, "t", json.dumps({"rate": 100, "burst": 3}))
     waits = [bucket.reserve("t", 1.0, 1) for _ in range(4)]
     assert waits[:3] == [0.0, 0.0, 0.0] and waits[3] == pytest.approx(0.01, abs=0.002)
 
 
 def test_a_wait_beyond_the_longest_books_nothing_and_the_expiry_stays_bounded(
-    bucket: GlobalBucket, client: redis.Redis[str]
+    bucket: GlobalTokenBucket, client: redis.Redis[str]
 ) -> None:
     waits = [bucket.reserve("t", MIN_RATE, 1) for _ in range(32)]
     assert waits[30] == pytest.approx(30 * 86400.0, abs=1)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_extras.limits.redis_bucket import GlobalBucket, Override
+from celery_extras.limits.redis_bucket import GlobalTokenBucket, Override
 from celery_extras.retries.redis_failure_memory import RedisCounts
 from celery_extras.store import connect
 from celery_extras.sync.revoke_store import RevokeStore
@@ -38,7 +38,7 @@ def prefix(client: Any) -> Iterator[str]:
 
 
 def test_bucket_books_burst_then_one_slot_per_interval(client: Any, prefix: str) -> None:
-    bucket = GlobalBucket(client, prefix)
+    bucket = GlobalTokenBucket(client, prefix)
     waits = [bucket.reserve("t", 10.0, 3) for _ in range(5)]
     assert waits[:3] == [0.0, 0.0, 0.0]
     assert waits[3] == pytest.approx(0.1, abs=0.02)
@@ -47,8 +47,8 @@ def test_bucket_books_burst_then_one_slot_per_interval(client: Any, prefix: str)
 
 def test_stored_override_applies_within_the_refresh(client: Any, prefix: str) -> None:
     mono = FakeClock()
-    bucket = GlobalBucket(client, prefix, clock=mono)
-    other = GlobalBucket(client, prefix)  # another worker, or the CLI
+    bucket = GlobalTokenBucket(client, prefix, clock=mono)
+    other = GlobalTokenBucket(client, prefix)  # another worker, or the CLI
     assert bucket.reserve("t", 10.0, 1) == 0.0
     assert bucket.reserve("t", 10.0, 1) == pytest.approx(0.1, abs=0.02)
     other.set_override("t", Override(1.0, 1, "1/s"))
@@ -62,12 +62,12 @@ def test_stored_override_applies_within_the_refresh(client: Any, prefix: str) ->
 def test_a_lost_bucket_write_delays_and_never_frees_slots(client: Any, prefix: str) -> None:
     """A failover that drops the bucket (its last writes were not replicated) must not
     hand out the slots this worker already booked: the worker's floor keeps them booked."""
-    bucket = GlobalBucket(client, prefix)
+    bucket = GlobalTokenBucket(client, prefix)
     for _ in range(5):
         bucket.reserve("t", 10.0, 1)
     client.delete(bucket.bucket_key("t"))  # what the new master never received
     assert bucket.reserve("t", 10.0, 1) == pytest.approx(0.5, abs=0.05)
-    fresh = GlobalBucket(client, f"{prefix}x")  # nothing booked: no floor, no delay
+    fresh = GlobalTokenBucket(client, f"{prefix}x")  # nothing booked: no floor, no delay
     assert fresh.reserve("t", 10.0, 1) == 0.0
 
 
@@ -75,7 +75,7 @@ def test_per_key_buckets_are_independent_and_spread_over_the_masters(
     redis_cluster_topology: RedisClusterTopology, prefix: str
 ) -> None:
     client = redis_cluster_topology.client()
-    bucket = GlobalBucket(client, prefix)
+    bucket = GlobalTokenBucket(client, prefix)
     keys = [f"customer-{n}" for n in range(12)]
     assert [bucket.reserve("t", 1.0, 1, key) for key in keys] == [0.0] * 12
     assert all(bucket.reserve("t", 1.0, 1, key) > 0.9 for key in keys)
@@ -95,7 +95,7 @@ def test_failure_counts_on_either_store(client: Any, prefix: str) -> None:
 def test_bucket_time_is_the_servers(client: Any, prefix: str) -> None:
     """Slots are booked on the Redis server's clock, so every master of a cluster agrees
     with a host whose clock is off (here: loopback, so the same clock)."""
-    bucket = GlobalBucket(client, prefix)
+    bucket = GlobalTokenBucket(client, prefix)
     bucket.reserve("t", 1.0, 1)
     stored = int(client.get(bucket.bucket_key("t")))
     assert abs(stored / 1e6 - time.time()) < 2.0
@@ -121,7 +121,7 @@ def test_calls_follow_a_slot_moved_to_another_master(
     """Resharding under a running bucket: the client follows ASK while the slot migrates
     and MOVED after, and the bucket's state moves with its key (no slot handed out twice)."""
     client = connect(redis_cluster_topology.url, {})
-    bucket = GlobalBucket(client, f"t{uuid.uuid4().hex[:10]}")
+    bucket = GlobalTokenBucket(client, f"t{uuid.uuid4().hex[:10]}")
     key = bucket.bucket_key("t")
     bucket.reserve("warm-up", 10.0, 1)  # the client's slot map and the script, loaded
     slots: list[float] = []
@@ -152,7 +152,7 @@ def test_sentinel_client_goes_to_the_new_master_after_a_failover(tmp_path: Path)
     bucket replicated before the kill carries on; revokes written before it are there."""
     with redis_sentinel(tmp_path) as sentinel:
         client = connect(sentinel.url, sentinel.options)
-        bucket = GlobalBucket(client, "t")
+        bucket = GlobalTokenBucket(client, "t")
         revokes = RevokeStore(client, "t", max_entries=100)
         revokes.add({"before": time.time() + 60})
         slots = [time.monotonic() + bucket.reserve("t", 10.0, 1) for _ in range(3)]

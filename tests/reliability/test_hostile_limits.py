@@ -83,23 +83,25 @@ def test_absurd_stored_rate_is_ignored_and_logged_once_by_new_workers(
     assert worker.alive()
     log = worker.log()
     assert log.count(f"ignoring the stored run-time limit of '{LIMITED}'") == 1, log[-3000:]
-    assert "the store is unreachable" not in log  # not an outage: global limits still apply
+    assert (
+        "global limits: the store failed (" not in log
+    )  # not an outage: global limits still apply
 
 
 @pytest.mark.parametrize("broker", ["redis"], indirect=True)
 def test_wrong_type_key_is_reported_as_such_with_redis_text(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:
-    """A key of the wrong type used to be logged as "the store is unreachable
+    """A key of the wrong type used to be logged as the store being unreachable
     (server:ResponseError)", without Redis' own words."""
     cluster.configure(include=INCLUDE)
     redis_client(cluster.app).set(f"{cluster.ns}:limits", "not a hash")
     worker = cluster.worker("w1")
     _runs_limited(cluster, send, journal, 6)
     log = worker.log()
-    assert "the store answered the limit script with an error" in log, log[-3000:]
+    assert "global limits: the store failed (ResponseError" in log, log[-3000:]
     assert "WRONGTYPE" in log
-    assert "the store is unreachable" not in log
+    assert "global limits: the store failed (ConnectionError" not in log
     stats = cluster.app.control.inspect(timeout=5, destination=[worker.hostname]).stats()
     policies = stats[worker.hostname]["extras_policies"]
     assert policies["store"] == "down" and "WRONGTYPE" in policies["store_error"], policies

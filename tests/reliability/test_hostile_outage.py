@@ -67,7 +67,7 @@ def test_store_outage_keeps_a_global_limit_within_workers_times_rate_plus_burst(
     assert busiest_second(times) <= WORKERS * (RATE + BURST)
     for worker in cluster.workers:
         log = worker.log()
-        assert log.count("the store is unreachable") == 1, log[-3000:]
-        assert log.count("the store answers again; global limits apply") == 1
+        assert log.count("global limits: the store failed (") == 1, log[-3000:]
+        assert log.count("global limits: the store answers again") == 1
         # the delay store (its arrival gate, its mover) has an outage log of its own
         assert log.count("delay store: the store answers again") <= 2

@@ -3,11 +3,11 @@
 Where each counter comes from (all in the main process, for every pool):
 
 * ``received``: each message handed to its task's strategy
-  (:func:`~.counting.counting_strategy`).
+  (:func:`~.outcomes.counting_strategy`).
 * ``started``, ``succeeded``, ``failed``, ``retried`` and runtimes, and ``rejected``
   for a task raising :class:`~celery.exceptions.Reject` or lost with
-  ``reject_on_worker_lost``: the request's pool callbacks
-  (:class:`~.counting.RequestCounting`).
+  ``reject_on_worker_lost``: the request's pool callbacks, through the
+  consumer's request hook (:class:`~.outcomes.OutcomeCounter`).
 * ``revoked``: ``task_revoked`` (discarded at receipt or execution, or terminated).
 * ``rate_limited``, ``parked``, ``released``, ``concurrency_limited``: the signals
   of :mod:`celery_extras.signals` of those names.
@@ -20,16 +20,16 @@ None of this depends on ``task_events``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, bootsteps, signals
 from celery.concurrency.thread import TaskPool as ThreadPool
 from celery.worker.consumer.tasks import Tasks
 
+from ..admission.request_hook import request_hook
 from ..settings import settings_of
 from ..signals import task_concurrency_limited, task_parked, task_rate_limited, task_released
-from .counting import RequestCounting, counting_strategy
+from .outcomes import OutcomeCounter, counting_strategy
 from .recorder import (
     CONCURRENCY_LIMITED,
     PARKED,
@@ -146,8 +146,9 @@ class StatsRecording(bootsteps.StartStopStep):
 class TaskCounting(bootsteps.StartStopStep):
     """Counts each task message as received and each request's outcome, on the consumer.
 
-    Wraps the consumer's ``on_task_request`` once (before the strategies take it)
-    and, while the consumer runs, the strategies Celery built at its start.
+    Hooks every request on its way to the pool (the consumer's ``on_task_request``,
+    wrapped once before the strategies take it) and, while the consumer runs, wraps the
+    strategies Celery built at its start.
     """
 
     label = "extras-stats-counting"
@@ -157,20 +158,18 @@ class TaskCounting(bootsteps.StartStopStep):
         controller = getattr(c, "controller", None)
         self.recorder: Recorder | None = getattr(controller, "extras_stats", None)
         self.enabled = self.recorder is not None
-        self.requests: RequestCounting | None = None
-        self._on_task_request: Callable[[Any], Any] | None = None
         self._strategies: dict[str, Any] = {}
         super().__init__(c, **kwargs)
 
     def create(self, c: Any) -> None:
         assert self.recorder is not None
-        self.requests = RequestCounting(self.recorder)
-        self._on_task_request = c.on_task_request
-        c.on_task_request = self.requests.wrap(c.on_task_request)
+        hook = request_hook(c)
+        hook.listen(outcomes=OutcomeCounter(self.recorder))
+        hook.wrap(c)
 
     def start(self, c: Any) -> None:
-        assert self.recorder is not None and self.requests is not None
-        self.requests.forget()  # the request classes of the strategies Celery replaced
+        assert self.recorder is not None
+        request_hook(c).forget()  # the request classes of the strategies Celery replaced
         self._strategies = dict(c.strategies)
         for name, strategy in self._strategies.items():
             c.strategies[name] = counting_strategy(name, strategy, self.recorder)
@@ -181,6 +180,6 @@ class TaskCounting(bootsteps.StartStopStep):
 
     def shutdown(self, c: Any) -> None:
         self.stop(c)
-        if self._on_task_request is not None:
-            c.on_task_request = self._on_task_request
-            self._on_task_request = None
+        hook = request_hook(c)
+        hook.listen(outcomes=None)
+        hook.unwrap(c)

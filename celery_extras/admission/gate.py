@@ -1,0 +1,107 @@
+"""What a gate of the admission pipeline is: the question it answers, and what it hears.
+
+A gate answers one question for an arriving request: :data:`RUN` (go on to the next
+gate, then the pool), :class:`Hold` (come back in *seconds*, in the worker's timer or
+parked in the delay store) or :data:`QUEUED` (the gate keeps the request and resumes
+it itself, as a slot frees). A gate that let a request through and asked to hear how
+it ended (:attr:`Gate.hears_endings`) is told once, whatever the ending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = ["QUEUED", "RUN", "Answer", "Gate", "GateFactory", "Hold", "Queued", "Run", "Ticket"]
+
+
+class Run:
+    """Go on: to the next gate, or to the pool after the last."""
+
+    def __repr__(self) -> str:
+        return "RUN"
+
+
+class Queued:
+    """The gate keeps the request and resumes it itself (:meth:`Pipeline.resume`)."""
+
+    def __repr__(self) -> str:
+        return "QUEUED"
+
+
+RUN = Run()
+QUEUED = Queued()
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Ask this gate again in *seconds*.
+
+    *park* names the kind of a delay-store entry (``"limit"``) when the wait may be
+    parked there instead of held in the worker's timer.
+    """
+
+    seconds: float
+    park: str | None = None
+
+
+Answer = Run | Hold | Queued
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request on its way through the pipeline: where it is, and what gates noted."""
+
+    request: Any
+    name: str
+    consumer: Any
+    #: index of the gate asked next
+    stage: int = 0
+    #: what each gate keeps about this request (its booked slot, its grant), by gate label
+    notes: dict[str, Any] = field(default_factory=dict)
+    #: the due time of a slot booked before the request was parked (verified on release)
+    released_slot: float | None = None
+    #: ticks of the pipeline that found the running request gone from Celery's state
+    unseen: int = 0
+
+
+class Gate:
+    """Base of the pipeline's gates: one policy, asked in order for each request."""
+
+    #: names the gate in ``inspect stats`` and in :attr:`Ticket.notes`
+    label: ClassVar[str] = "gate"
+    #: ``True`` when :meth:`finished` must be called as each admitted request ends
+    hears_endings: ClassVar[bool] = False
+
+    def handles(self, name: str) -> bool:
+        """Whether tasks of *name* pass this gate."""
+        raise NotImplementedError
+
+    def register(self, name: str, policies: Any) -> None:
+        """A strategy of task *name* was built: read its policy from *policies*."""
+
+    def start(self, pipeline: Any, consumer: Any) -> None:
+        """The consumer started (or restarted after a lost connection)."""
+
+    def admit(self, ticket: Ticket) -> Answer:
+        raise NotImplementedError
+
+    def held(self, ticket: Ticket, answer: Hold, parked: bool) -> None:
+        """The pipeline held *ticket* in the timer, or parked it, as *answer* asked."""
+
+    def finished(self, ticket: Ticket) -> None:
+        """*ticket*'s request ended (any way) after this gate let it through."""
+
+    def tick(self) -> None:
+        """Called a few times a second from the event loop."""
+
+    def stop(self) -> None:
+        """Connection lost or shutting down: drop what waits (the broker delivers it again)."""
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+
+#: What builds a gate for a consumer: ``factory(app, settings)`` (a gate class).
+GateFactory = Callable[[Any, Mapping[str, Any]], Gate]

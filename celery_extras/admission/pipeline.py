@@ -1,0 +1,172 @@
+"""The admission pipeline: the one path a task with a policy takes in the worker's main
+process, from its arrival to the pool, and back when it ends.
+
+Each arriving request (or one whose ETA passed) gets a :class:`~.gate.Ticket` and
+is asked of its task's gates in order (:attr:`Pipeline.gates`, e.g. the limit, then
+the concurrency slot). A gate answers :data:`~.gate.RUN` (on to the next),
+:class:`~.gate.Hold` (this pipeline holds it in the worker's timer, or parks it in
+the delay store when the gate allows and the wait is long, then asks the same gate
+again) or :data:`~.gate.QUEUED` (the gate keeps it and calls :meth:`Pipeline.resume`).
+After the last gate the request is reserved and handed to the pool with the
+:mod:`request hook <.request_hook>`, through which the gates that asked hear once
+how it ended. Held or queued messages stay unacked: a worker killed meanwhile loses
+none, the broker delivers them again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from .. import compat
+from ..delay.gate import DELAY_ATTR
+from .gate import QUEUED, RUN, Gate, Hold, Ticket
+from .request_hook import request_hook
+from .waits import TimerHolds, park_message
+
+__all__ = ["PIPELINE_ATTR", "TICK", "Pipeline"]
+
+logger = logging.getLogger(__name__)
+
+#: Attribute of the consumer holding its :class:`Pipeline`.
+PIPELINE_ATTR = "extras_admission"
+#: Seconds between the pipeline's ticks (gates renew leases, endings unseen are found).
+TICK = 0.25
+
+
+class Pipeline:
+    """One consumer's gates, in order, and the requests between them."""
+
+    def __init__(self, gates: Sequence[Gate]) -> None:
+        self.gates = tuple(gates)
+        self.chains: dict[str, tuple[Gate, ...]] = {}
+        self.holds = TimerHolds()
+        #: requests in the pool that a gate must hear the end of, by ``id(request)``
+        self.admitted: dict[int, Ticket] = {}
+        self.epoch = 0  # stop() counts the connections lost
+        self.consumer: Any = None
+        self._tick_entry: Any = None
+
+    def gate(self, label: str) -> Any:
+        return next(g for g in self.gates if g.label == label)
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def register(self, name: str, policies: Any) -> bool:
+        """A strategy of task *name* is built: ``True`` when any gate handles it."""
+        for gate in self.gates:
+            gate.register(name, policies)
+        chain = self.chains[name] = tuple(g for g in self.gates if g.handles(name))
+        return bool(chain)
+
+    def start(self, consumer: Any) -> None:
+        self.consumer = consumer
+        request_hook(consumer).listen(finish=self.finished)
+        for gate in self.gates:
+            gate.start(self, consumer)
+        if self._tick_entry is None:
+            self._tick_entry = consumer.timer.call_repeatedly(TICK, self.tick, priority=6)
+
+    def stop(self) -> None:
+        """Connection lost or shutting down: waiting requests are dropped (the broker
+        delivers their messages again); running ones keep what they hold until they end."""
+        self.epoch += 1  # ETA timers of the lost connection must not run its tasks
+        self.holds.drop_all()
+        for gate in self.gates:
+            gate.stop()
+        if self._tick_entry is not None:
+            self._tick_entry.cancel()
+            self._tick_entry = None
+
+    # -- the path ----------------------------------------------------------------------------
+
+    def submit(self, consumer: Any, request: Any, name: str) -> None:
+        """A request of task *name* arrived, or its ETA passed."""
+        arrival = getattr(consumer, DELAY_ATTR, None)
+        slot = arrival.pop_slot(request.id) if arrival is not None else None
+        self._advance(Ticket(request, name, consumer, released_slot=slot))
+
+    def resume(self, ticket: Ticket) -> None:
+        """The gate that queued *ticket* lets it through now."""
+        compat.narrow_prefetch(ticket.consumer)
+        ticket.stage += 1
+        self._advance(ticket)
+
+    def _advance(self, ticket: Ticket) -> None:
+        chain = self.chains[ticket.name]
+        while ticket.stage < len(chain):
+            gate = chain[ticket.stage]
+            answer = gate.admit(ticket)
+            if answer is RUN:
+                ticket.stage += 1
+            elif answer is QUEUED:
+                compat.widen_prefetch(ticket.consumer)
+                return
+            else:
+                assert isinstance(answer, Hold)
+                self._wait(ticket, gate, answer)
+                return
+        self._go(ticket, chain)
+
+    def _go(self, ticket: Ticket, chain: tuple[Gate, ...]) -> None:
+        request = ticket.request
+        if any(gate.hears_endings for gate in chain):
+            self.admitted[id(request)] = ticket
+            request_hook(ticket.consumer).adopt(request)
+        compat.task_reserved(request)
+        ticket.consumer.on_task_request(request)
+
+    def _wait(self, ticket: Ticket, gate: Gate, hold: Hold) -> None:
+        """Hold *ticket* in the timer for the wait *gate* asked, or park it."""
+        arrival = getattr(ticket.consumer, DELAY_ATTR, None)
+        parked = (
+            hold.park is not None
+            and arrival is not None
+            and park_message(arrival, ticket.request, ticket.name, hold.park, hold.seconds)
+        )
+        if parked:
+            gate.held(ticket, hold, parked=True)
+            return
+        key = id(ticket.request)
+        self.holds.hold(ticket.consumer, key, hold.seconds, self._held_due, (ticket,),
+                        request=ticket.request)  # fmt: skip
+        gate.held(ticket, hold, parked=False)
+
+    def _held_due(self, ticket: Ticket) -> None:
+        if not self.holds.release(ticket.consumer, id(ticket.request)):
+            return  # dropped by stop()
+        self._advance(ticket)  # the same gate is asked again
+
+    # -- endings -----------------------------------------------------------------------------
+
+    def finished(self, request: Any) -> None:
+        """*request* ended (any way): the gates it passed that listen hear it, once."""
+        ticket = self.admitted.pop(id(request), None)
+        if ticket is None:
+            return
+        if ticket.request is not request:  # another request at a reused address
+            self.admitted[id(request)] = ticket
+            return
+        for gate in self.chains[ticket.name]:
+            if gate.hears_endings:
+                gate.finished(ticket)
+
+    def tick(self) -> None:
+        """Find requests Celery forgot without an ending the hook heard, then let each
+        gate do its periodic work (lease renewals)."""
+        for ticket in list(self.admitted.values()):
+            if compat.request_pending(ticket.request):
+                continue
+            ticket.unseen += 1
+            if ticket.unseen >= 2:  # gone for two ticks: its ending went unseen
+                logger.warning(
+                    "celery-extras: %s[%s] ended unseen; freeing what its gates hold",
+                    ticket.name, getattr(ticket.request, "id", "?"),
+                )  # fmt: skip
+                self.finished(ticket.request)
+        for gate in self.gates:
+            gate.tick()
+
+    def info(self) -> dict[str, Any]:
+        return {"held": len(self.holds), "running": len(self.admitted)}

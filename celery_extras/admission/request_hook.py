@@ -1,0 +1,211 @@
+"""The one request hook: every ending of a request on its way to the pool, heard once.
+
+A request handed to the pool gets a subclass of its own class whose callbacks tell
+the hook how it went before Celery's own run: ``on_accepted`` (started),
+``on_success`` / ``on_failure`` (ended, with the outcome), a hard ``on_timeout``,
+``terminate`` and ``cancel`` of a running request, and an ``execute_using_pool``
+that raised (revoked before the pool). Swapping the class allocates nothing per
+request, and any ``Task.Request`` class keeps its behaviour. One subclass per request
+class, whatever listens: the stats count outcomes, the admission pipeline lets the
+next request in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from celery.exceptions import TaskRevokedError
+from celery.worker.request import Request
+
+__all__ = ["OutcomeListener", "RequestHook", "request_hook"]
+
+logger = logging.getLogger(__name__)
+
+#: Attribute of the consumer holding its :class:`RequestHook`.
+HOOK_ATTR = "extras_request_hook"
+#: Class attribute marking a hooked request class.
+_HOOKED = "_extras_hooked"
+
+
+class OutcomeListener(Protocol):
+    """What the stats hear: a request started, succeeded (with its ``(failed, retval,
+    runtime)``) or failed (with its ``exc_info``)."""
+
+    started: Callable[[Any], None]
+    succeeded: Callable[[Any, Any], None]
+    failed: Callable[[Any, Any], None]
+
+
+def _nothing(*args: Any) -> None:
+    pass
+
+
+class RequestHook:
+    """Hooks requests of one consumer; *finish* and *outcomes* are set by who listens."""
+
+    def __init__(self) -> None:
+        self._classes: dict[type[Request], type[Request]] = {}
+        self._finish: Callable[[Any], None] | None = None
+        self._outcomes: OutcomeListener | None = None
+        self._wrapped: Callable[[Any], Any] | None = None
+        # what the hooked classes call, rebound as listeners come and go
+        self.started: Callable[[Any], None] = _nothing
+        self.succeeded: Callable[[Any, Any], None] = _nothing
+        self.failed: Callable[[Any, Any], None] = _nothing
+        self.ended: Callable[[Any], None] = _nothing
+
+    # -- listeners -----------------------------------------------------------------------------
+
+    def listen(
+        self,
+        *,
+        finish: Callable[[Any], None] | bool | None = False,
+        outcomes: OutcomeListener | bool | None = False,
+    ) -> None:
+        """Set (or with ``None`` clear) the admission pipeline's *finish* and the stats'
+        *outcomes*; ``False`` leaves one as it is."""
+        if finish is not False:
+            self._finish = finish if callable(finish) else None
+        if outcomes is not False:
+            self._outcomes = outcomes if not isinstance(outcomes, bool) else None
+        self._rebind()
+
+    def _rebind(self) -> None:
+        finish, outcomes = self._finish, self._outcomes
+        self.ended = finish or _nothing
+        self.started = outcomes.started if outcomes else _nothing
+        if finish and outcomes:
+            count_success, count_failure = outcomes.succeeded, outcomes.failed
+
+            def succeeded(request: Any, result: Any) -> None:
+                finish(request)  # free the slot first: the next one starts while Celery acks
+                count_success(request, result)
+
+            def failed(request: Any, exc_info: Any) -> None:
+                finish(request)
+                count_failure(request, exc_info)
+
+            self.succeeded, self.failed = succeeded, failed
+        elif outcomes:
+            self.succeeded, self.failed = outcomes.succeeded, outcomes.failed
+        elif finish:
+            self.succeeded = self.failed = lambda request, _: finish(request)
+        else:
+            self.succeeded = self.failed = _nothing
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def adopt(self, request: Any) -> None:
+        """Give *request* the hooked subclass of its class (idempotent)."""
+        cls = request.__class__
+        hooked = self._classes.get(cls)
+        if hooked is None:
+            hooked = cls if cls.__dict__.get(_HOOKED) else _hooked_class(cls, self)
+            self._classes[cls] = self._classes[hooked] = hooked
+        if hooked is cls:
+            return
+        try:
+            request.__class__ = hooked
+        except TypeError:  # a request class whose layout forbids it: not heard
+            logger.warning("celery-extras: cannot hook requests of class %r", cls, exc_info=True)
+            self._classes[cls] = cls
+
+    def forget(self) -> None:
+        """The consumer rebuilds its strategies (and their request classes)."""
+        self._classes.clear()
+
+    def wrap(self, consumer: Any) -> None:
+        """Hook every request the consumer hands to the pool (its ``on_task_request``)."""
+        if self._wrapped is not None:
+            return
+        on_task_request = self._wrapped = consumer.on_task_request
+        adopt = self.adopt
+
+        def hooked_task_request(request: Any) -> Any:
+            adopt(request)
+            return on_task_request(request)
+
+        consumer.on_task_request = hooked_task_request
+
+    def unwrap(self, consumer: Any) -> None:
+        if self._wrapped is not None:
+            consumer.on_task_request = self._wrapped
+            self._wrapped = None
+
+
+def request_hook(consumer: Any) -> RequestHook:
+    """The consumer's :class:`RequestHook`, made on first use."""
+    hook: RequestHook | None = getattr(consumer, HOOK_ATTR, None)
+    if hook is None:
+        hook = RequestHook()
+        setattr(consumer, HOOK_ATTR, hook)
+    return hook
+
+
+def _hooked_class(base: type[Request], hook: RequestHook) -> type[Request]:
+    """A subclass of request class *base* whose callbacks tell *hook* how it went."""
+    base_accepted, base_success, base_failure = base.on_accepted, base.on_success, base.on_failure
+    base_timeout, base_execute = base.on_timeout, base.execute_using_pool
+    base_terminate, base_cancel = base.terminate, base.cancel
+
+    def on_accepted(self: Any, pid: Any, time_accepted: Any) -> Any:
+        hook.started(self)
+        return base_accepted(self, pid, time_accepted)
+
+    # the task is over when its outcome reaches the main process: the hook hears it
+    # first, so the next waiter starts while Celery acks, sends events and stores it
+    def on_success(self: Any, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        hook.succeeded(self, failed__retval__runtime)
+        return base_success(self, failed__retval__runtime, **kwargs)
+
+    def on_failure(self: Any, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+        hook.failed(self, exc_info)
+        return base_failure(self, exc_info, *args, **kwargs)
+
+    def on_timeout(self: Any, soft: bool, timeout: Any) -> Any:
+        if not soft:  # the pool kills the process: it runs no more
+            hook.ended(self)
+        return base_timeout(self, soft, timeout)
+
+    # revoke with terminate, and cancel on a lost connection, kill the running process and
+    # mark the request ready: no pool callback follows
+    def terminate(self: Any, pool: Any, signal: Any = None) -> Any:
+        running = bool(self.time_start)
+        try:
+            return base_terminate(self, pool, signal)
+        finally:
+            if running:
+                hook.ended(self)
+
+    def cancel(self: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
+        running = bool(self.time_start)
+        try:
+            return base_cancel(self, pool, *args, **kwargs)
+        finally:
+            if running:
+                hook.ended(self)
+
+    def execute_using_pool(self: Any, pool: Any, **kwargs: Any) -> Any:
+        try:
+            return base_execute(self, pool, **kwargs)
+        except (TaskRevokedError, Exception):
+            hook.ended(self)  # revoked (or refused) before reaching the pool
+            raise
+
+    namespace = {
+        "__slots__": (),
+        _HOOKED: True,
+        "__module__": base.__module__,
+        "__doc__": base.__doc__,
+        "on_accepted": on_accepted,
+        "on_success": on_success,
+        "on_failure": on_failure,
+        "on_timeout": on_timeout,
+        "execute_using_pool": execute_using_pool,
+        "terminate": terminate,
+        "cancel": cancel,
+    }
+    hooked: type[Request] = type(base.__name__, (base,), namespace)
+    return hooked

@@ -1,0 +1,147 @@
+"""Release notices from other workers: a Redis pub/sub channel read by one thread, handed
+to the event loop through a pipe.
+
+A worker that frees a global slot publishes the bucket; every worker with waiters
+in it asks again at once instead of waiting for a lease to run out. The reading
+thread only queues the bucket and writes a byte to a pipe the event loop watches
+(or, without a hub, schedules a timer call); the event loop does the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..store_health import store_text
+from .redis_slots import RedisSlots
+from .slot_table import Bucket
+
+__all__ = ["ALL", "ReleaseNotices"]
+
+logger = logging.getLogger("celery_extras.concurrency")
+
+#: A notice meaning "every bucket": the listener (re)subscribed and may have missed some.
+ALL: Bucket = ("", "\0all")
+
+
+class ReleaseNotices:
+    """Delivers release notices to *wake* (``wake(bucket)``) in the consumer's event loop."""
+
+    def __init__(self, wake: Callable[[Bucket], None]) -> None:
+        self.wake = wake
+        self._consumer: Any = None
+        self._listener: _Listener | None = None
+        self._notices: deque[Bucket] = deque()
+        self._pipe: tuple[int, int] | None = None
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None
+
+    def start(self, consumer: Any) -> None:
+        self._consumer = consumer
+        hub = getattr(consumer, "hub", None)
+        if hub is not None and self._pipe is None:
+            read, write = os.pipe()
+            os.set_blocking(read, False)
+            os.set_blocking(write, False)
+            self._pipe = (read, write)
+            hub.add_reader(read, self._on_pipe)
+
+    def listen(self, store: RedisSlots) -> None:
+        """Subscribe (once) to the store's release channel."""
+        if self._listener is None:
+            self._listener = _Listener(store, self._arrived, lambda: self._arrived(ALL))
+            self._listener.start()
+
+    def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener = None
+        if self._pipe is not None:
+            hub = getattr(self._consumer, "hub", None)
+            if hub is not None:
+                with contextlib.suppress(Exception):
+                    hub.remove(self._pipe[0])
+            for fd in self._pipe:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._pipe = None
+
+    def _arrived(self, bucket: Bucket) -> None:
+        """In the listener's thread: queue the bucket and wake the event loop. Not filtered
+        here: a waiter refused a moment ago may not be queued yet."""
+        self._notices.append(bucket)
+        if self._pipe is not None:
+            with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+                os.write(self._pipe[1], b"x")
+        elif self._consumer is not None:
+            self._consumer.timer.call_after(0.0, self.drain, priority=6)
+
+    def _on_pipe(self, *args: Any) -> None:
+        if self._pipe is not None:
+            with contextlib.suppress(OSError):
+                os.read(self._pipe[0], 4096)
+        self.drain()
+
+    def drain(self) -> None:
+        """Wake each bucket noticed since the last drain, once (:data:`ALL` included)."""
+        seen: set[Bucket] = set()
+        while self._notices:
+            bucket = self._notices.popleft()
+            if bucket not in seen:
+                seen.add(bucket)
+                self.wake(bucket)
+
+
+class _Listener(threading.Thread):
+    """Reads release notices from the store's pub/sub channel (one thread per worker)."""
+
+    def __init__(
+        self,
+        store: RedisSlots,
+        on_notice: Callable[[Bucket], None],
+        on_subscribed: Callable[[], None],
+    ) -> None:
+        super().__init__(name="celery-extras-slots", daemon=True)
+        self.store = store
+        self.on_notice = on_notice
+        self.on_subscribed = on_subscribed
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        failed = False
+        while not self._stop.is_set():
+            pubsub = None
+            try:
+                pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.store.channel)
+                self.on_subscribed()
+                failed = False
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message and message.get("type") == "message":
+                        bucket = RedisSlots.parse_notice(message.get("data"))
+                        if bucket is not None:
+                            self.on_notice(bucket)
+            except Exception as exc:
+                if not failed:
+                    failed = True
+                    logger.warning(
+                        "celery-extras: concurrency release notices lost (%s); waiters ask "
+                        "again when leases run out until the store answers",
+                        store_text(exc),
+                    )
+                self._stop.wait(1.0)
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()

@@ -1,0 +1,188 @@
+"""Where a concurrency slot is taken, freed and renewed: this worker's tables or the store.
+
+Each :class:`Grant` names its source, so freeing and renewing a slot asks the place
+that gave it: :class:`TableSlots` (``scope="worker"``, or the fallback of global slots
+while the store is away), :class:`StoreSlots` (global slots in Redis, with this
+worker's tickets in each bucket's queue) or :data:`UNLIMITED` (the store away with
+``extras_concurrency_on_store_error='allow'``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..store_health import StoreUser
+from .redis_slots import HANDOVER_PATIENCE, RedisSlots
+from .slot_table import Bucket, SlotTable
+
+__all__ = ["TICKET_LEASE", "UNLIMITED", "Grant", "StoreSlots", "TableSlots", "Unlimited"]
+
+logger = logging.getLogger("celery_extras.concurrency")
+
+#: Longest a worker's ticket (its place in a bucket's queue) lives without renewal.
+TICKET_LEASE = 3.0
+
+
+@dataclass
+class Grant:
+    """A slot held by one request: where, under which holder id, and how long."""
+
+    bucket: Bucket
+    holder: str
+    source: Any  # TableSlots | StoreSlots | Unlimited
+    lease: float
+    renewed: float
+
+
+class TableSlots:
+    """Slots in a :class:`SlotTable` of this worker."""
+
+    def __init__(self, table: SlotTable, kind: str) -> None:
+        self.table = table
+        self.kind = kind  # "worker" or "fallback"
+
+    def acquire(self, bucket: Bucket, holder: str, cap: int, lease: float) -> float:
+        return self.table.acquire(bucket, holder, cap, lease)
+
+    def release(self, grant: Grant) -> None:
+        self.table.release(grant.bucket, grant.holder)
+
+    def renew(self, bucket: Bucket, holders: list[str], lease: float) -> list[str] | None:
+        return [h for h in holders if not self.table.renew(bucket, h, lease)]
+
+
+class Unlimited:
+    """No slot at all: the store is away and ``on_store_error='allow'``."""
+
+    kind = "none"
+
+    def release(self, grant: Grant) -> None:
+        pass
+
+    def renew(self, bucket: Bucket, holders: list[str], lease: float) -> list[str] | None:
+        return []
+
+
+UNLIMITED = Unlimited()
+
+
+class StoreSlots:
+    """Global slots in the store, and this worker's tickets (its place in each bucket's
+    queue while its requests wait there). Every store failure is reported to *health*;
+    ``None`` from a call means the store did not answer."""
+
+    kind = "global"
+
+    def __init__(self, store: Callable[[], RedisSlots], health: StoreUser, worker: str,
+                 clock: Callable[[], float]) -> None:  # fmt: skip
+        self._make_store = store
+        self._store: RedisSlots | None = None
+        self.health = health
+        self.worker = worker
+        self.clock = clock
+        #: buckets where this worker has a ticket, and when it was last made alive
+        self.tickets: dict[Bucket, float] = {}
+
+    @property
+    def store(self) -> RedisSlots:
+        if self._store is None:
+            self._store = self._make_store()
+        return self._store
+
+    def holder(self) -> str:
+        return f"{self.worker}:{uuid.uuid4().hex[:12]}"
+
+    def acquire(self, bucket: Bucket, holder: str, cap: int, lease: float,
+                more: bool) -> float | None:  # fmt: skip
+        """``0.0`` when taken, the seconds before asking again, or ``None`` (store away)."""
+        if not self.health.up():
+            return None
+        try:
+            wait = self.store.acquire(bucket[0], bucket[1], holder, cap, lease, self.worker,
+                                      more, TICKET_LEASE)  # fmt: skip
+        except Exception as exc:
+            self.health.failed(exc)
+            return None
+        self.health.answered()
+        if wait > 0 or more:  # waits, or was served and queued again
+            self.tickets[bucket] = self.clock()
+        else:
+            self.tickets.pop(bucket, None)
+        return wait
+
+    def hand_over(self, grant: Grant, holder: str, cap: int, lease: float, more: bool) -> bool:
+        """Free *grant*'s slot, giving it to *holder* of this worker if the store's queue
+        allows; ``False`` when the slot went back to the store instead."""
+        name, key = grant.bucket
+        try:
+            handed = self.store.hand_over(
+                name, key, grant.holder, holder, cap, lease, self.worker, more,
+                HANDOVER_PATIENCE, TICKET_LEASE,
+            )  # fmt: skip
+        except Exception as exc:  # the old slot's lease frees it
+            self.health.failed(exc)
+            return False
+        if handed and more:  # the script keeps (or queues) this worker's ticket
+            self.tickets[grant.bucket] = self.clock()
+        elif handed:
+            self.tickets.pop(grant.bucket, None)
+        return bool(handed)
+
+    def release(self, grant: Grant) -> None:
+        try:
+            self.store.release(grant.bucket[0], grant.bucket[1], grant.holder)
+        except Exception as exc:  # its lease frees it
+            self.health.failed(exc)
+
+    def renew(self, bucket: Bucket, holders: list[str], lease: float) -> list[str] | None:
+        """Holders whose lease had run out, or ``None`` when the store was not asked."""
+        if not self.health.up():
+            return None
+        try:
+            return self.store.renew(bucket[0], bucket[1], holders, lease)
+        except Exception as exc:
+            self.health.failed(exc)
+            return None
+
+    def leave(self, bucket: Bucket) -> None:
+        """This worker waits for nothing more in *bucket*: drop its ticket."""
+        self.tickets.pop(bucket, None)
+        if not self.health.up():
+            return
+        try:
+            self.store.leave(bucket[0], bucket[1], self.worker)
+        except Exception as exc:  # the ticket's own lease drops it
+            self.health.failed(exc)
+
+    def keep_tickets(self, waiting: Callable[[Bucket], int]) -> None:
+        """Keep alive the tickets of buckets where this worker still waits (each once a
+        second at most), and drop the others."""
+        if not self.tickets or not self.health.up():
+            return
+        now = self.clock()
+        for bucket, touched in list(self.tickets.items()):
+            if not waiting(bucket):
+                self.leave(bucket)
+                continue
+            if now - touched < TICKET_LEASE / 3:
+                continue
+            self.tickets[bucket] = now
+            try:
+                self.store.touch_ticket(bucket[0], bucket[1], self.worker, TICKET_LEASE)
+            except Exception as exc:
+                self.health.failed(exc)
+                break
+
+    def caps(self) -> dict[str, int] | None:
+        """The run-time caps in the store, or ``None`` when it did not answer."""
+        if not self.health.up():
+            return None
+        try:
+            return self.store.caps()
+        except Exception as exc:
+            self.health.failed(exc)
+            return None
