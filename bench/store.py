@@ -34,7 +34,7 @@ from celery_extras import limit
 from celery_extras.delay.entry import Entry
 from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
 from celery_extras.limits.redis_bucket import GlobalTokenBucket
-from celery_extras.store import connect
+from celery_extras.store.client import connect
 from tests.support import proj
 from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.journal import Journal

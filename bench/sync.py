@@ -22,7 +22,7 @@ from typing import Any
 
 from celery import Celery
 
-from celery_extras.store import redis_client, store_key
+from celery_extras.store.client import redis_client, store_key
 from celery_extras.sync import RevokeStore, record_revokes
 from tests.support import proj
 from tests.support.brokers import require_broker

@@ -23,7 +23,7 @@ from .consumer.capability import CONSUMER
 from .delay.capability import DELAY
 from .settings import CORE_SETTINGS, PREFIX, Setting, conf_key, declare, settings_of
 from .stats.capability import STATS
-from .store import StoreStep
+from .store.client import StoreStep
 from .sync.capability import SYNC
 from .workarounds import RedisCloseGuard
 

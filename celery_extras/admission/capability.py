@@ -11,7 +11,7 @@ from ..capability import Capability
 from ..concurrency.gate import SlotGate
 from ..limits.gate import LimitGate
 from ..settings import Setting, choice, number, settings_of
-from ..store import StoreStep
+from ..store.client import StoreStep
 from .decorators import track_app
 from .gate import GateFactory
 from .pipeline import PIPELINE_ATTR, Pipeline

@@ -9,6 +9,7 @@ it ended (:attr:`Gate.hears_endings`) is told once, whatever the ending.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -39,11 +40,13 @@ class Hold:
     """Ask this gate again in *seconds*.
 
     *park* names the kind of a delay-store entry (``"limit"``) when the wait may be
-    parked there instead of held in the worker's timer.
+    parked there instead of held in the worker's timer; *due* (on the gate's clock) is
+    when the wait ends, so time spent before parking is taken off the parked wait.
     """
 
     seconds: float
     park: str | None = None
+    due: float | None = None
 
 
 Answer = Run | Hold | Queued
@@ -73,6 +76,8 @@ class Gate:
     label: ClassVar[str] = "gate"
     #: ``True`` when :meth:`finished` must be called as each admitted request ends
     hears_endings: ClassVar[bool] = False
+    #: the clock of the gate's answers (:attr:`Hold.due`)
+    clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def handles(self, name: str) -> bool:
         """Whether tasks of *name* pass this gate."""

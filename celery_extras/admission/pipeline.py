@@ -120,10 +120,11 @@ class Pipeline:
     def _wait(self, ticket: Ticket, gate: Gate, hold: Hold) -> None:
         """Hold *ticket* in the timer for the wait *gate* asked, or park it."""
         arrival = getattr(ticket.consumer, DELAY_ATTR, None)
+        delay = hold.seconds if hold.due is None else hold.due - gate.clock()
         parked = (
             hold.park is not None
             and arrival is not None
-            and park_message(arrival, ticket.request, ticket.name, hold.park, hold.seconds)
+            and park_message(arrival, ticket.request, ticket.name, hold.park, delay)
         )
         if parked:
             gate.held(ticket, hold, parked=True)

@@ -32,7 +32,7 @@ from .. import compat
 from ..admission.gate import QUEUED, RUN, Answer, Gate, Ticket
 from ..admission.spec import call_key
 from ..signals import task_concurrency_limited
-from ..store import redis_client, store_key, store_url, store_user
+from ..store.client import redis_client, store_key, store_url, store_user
 from .notices import ALL, ReleaseNotices
 from .redis_slots import RedisSlots
 from .slot_table import Bucket, SlotTable, WaitQueues

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..store_health import store_text
+from ..store.health import store_text
 from .redis_slots import RedisSlots
 from .slot_table import Bucket
 

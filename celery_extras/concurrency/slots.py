@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..store_health import StoreUser
+from ..store.health import StoreUser
 from .redis_slots import HANDOVER_PATIENCE, RedisSlots
 from .slot_table import Bucket, SlotTable
 

@@ -11,7 +11,7 @@ from celery.worker.consumer.tasks import Tasks
 from ..admission.registry import policies_of
 from ..capability import Capability
 from ..settings import Setting, boolean, integer, number, optional, settings_of
-from ..store import StoreStep, store_url
+from ..store.client import StoreStep, store_url
 from .entry import DUE_SUFFIX, due_queue_name
 from .gate import DELAY_ATTR, ArrivalGate, MoverThread
 from .parking import STORE_ERRORS, Parker, due_queue

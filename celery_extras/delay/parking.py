@@ -24,7 +24,7 @@ from kombu.entity import Exchange, Queue
 
 from ..settings import settings_of
 from ..signals import task_parked
-from ..store import (
+from ..store.client import (
     StoreUnavailable,
     redis_client,
     store_key,

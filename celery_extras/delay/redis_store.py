@@ -36,7 +36,7 @@ import redis
 from redis.exceptions import NoScriptError, RedisClusterException
 
 from ..scripts import load
-from ..store import LazyCluster, StoreClient
+from ..store.client import LazyCluster, StoreClient
 from .core import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
 from .entry import Entry
 

@@ -26,7 +26,7 @@ from ..bounds import shown
 from ..checks import is_int
 from ..concurrency.redis_slots import RedisSlots
 from ..concurrency.spec import MAX_CONCURRENCY
-from ..store import redis_client, store_key
+from ..store.client import redis_client, store_key
 from .gate import LimitGate
 from .planner import LimitPlanner
 from .rate import format_rate, parse_burst, parse_rate

@@ -28,7 +28,7 @@ from celery import Celery
 
 from ..admission.gate import RUN, Answer, Gate, Hold, Ticket
 from ..signals import task_rate_limited
-from ..store import redis_client, store_key, store_user
+from ..store.client import redis_client, store_key, store_user
 from .planner import LimitPlanner
 from .rate import format_rate
 from .redis_bucket import GlobalTokenBucket
@@ -120,7 +120,7 @@ class LimitGate(Gate):
         if not plan.verified:
             task_rate_limited.send(sender=ticket.name, request=ticket.request, wait=plan.wait)
         ticket.notes[self.label] = Booking(plan.due, plan.booked, plan.fallback, plan.verified)
-        return Hold(plan.wait, park="limit" if plan.action == "park" else None)
+        return Hold(plan.wait, park="limit" if plan.action == "park" else None, due=plan.due)
 
     def _keeps(self, name: str, booking: Booking) -> bool:
         """Whether a held request runs on the slot it booked, or books again: a slot of

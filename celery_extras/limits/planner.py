@@ -3,7 +3,7 @@
 :class:`LimitPlanner` books slots in a task's bucket (global on Redis through
 :class:`~.redis_bucket.GlobalTokenBucket`, or local :class:`~.token_bucket.TokenBucket`),
 applies run-time rates, falls back while the store is away (its
-:class:`~celery_extras.store_health.StoreUser` logs that once per outage), and
+:class:`~celery_extras.store.health.StoreUser` logs that once per outage), and
 :meth:`LimitPlanner.plan` says what to do with an arriving task: run it, hold it in
 the worker, or park it in the delay store. No Celery import: the gate of the
 admission pipeline is :mod:`.gate`.
@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from ..admission.spec import call_key
 from ..bounds import MAX_WAIT, shown
-from ..store_health import StoreHealth, StoreUser, store_text
+from ..store.health import StoreHealth, StoreUser, store_text
 from .rate import format_rate, parse_burst, parse_rate
 from .redis_bucket import GlobalTokenBucket, Override
 from .spec import LimitSpec

@@ -31,8 +31,8 @@ from celery.exceptions import Ignore, Reject, Retry
 from ..bounds import clamp_wait, shown
 from ..delay.parking import Parker
 from ..settings import settings_of
-from ..store import forget_after_fork, redis_client, store_key, store_url
-from ..store_health import OutageLog
+from ..store.client import forget_after_fork, redis_client, store_key, store_url
+from ..store.health import OutageLog
 from .parking import ParkingProducer
 from .policies import RetryPolicy
 from .redis_failure_memory import redis_counts

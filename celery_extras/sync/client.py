@@ -23,7 +23,7 @@ from celery.utils.log import get_logger
 
 from ..bounds import shown
 from ..settings import settings_of
-from ..store import StoreUnavailable, redis_client, store_key
+from ..store.client import StoreUnavailable, redis_client, store_key
 from .control import STORED_UNTIL
 from .entries import Stamp, valid_id, valid_stamp
 from .revoke_store import RevokeStore

@@ -21,7 +21,7 @@ from celery.worker.control import Panel, inspect_command
 from ..bounds import shown
 from ..checks import is_int
 from ..settings import settings_of
-from ..store import StoreUnavailable, redis_client, store_key
+from ..store.client import StoreUnavailable, redis_client, store_key
 from .entries import valid_clock
 from .revoke_store import RevokeStore
 from .syncer import HELLO, Syncer

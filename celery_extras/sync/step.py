@@ -15,7 +15,7 @@ from celery import bootsteps
 
 from .. import compat
 from ..settings import settings_of
-from ..store import StoreStep
+from ..store.client import StoreStep
 from .control import SYNCER_ATTR
 from .state import WorkerRevokes
 from .syncer import Syncer

@@ -27,8 +27,8 @@ from celery import Celery
 from celery.utils.log import get_logger
 
 from ..bounds import shown
-from ..store import StoreUnavailable, redis_client, store_key
-from ..store_health import store_text
+from ..store.client import StoreUnavailable, redis_client, store_key
+from ..store.health import store_text
 from .digest import Pull, Version, plan_pull
 from .entries import Parsed, Stamp, parse_ids, parse_stamps, valid_clock
 from .memory import malloc_trim

@@ -15,7 +15,7 @@ import redis
 
 from celery_extras.delay.core import DelayStore, MemoryDelayStore, Take
 from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
-from celery_extras.store import connect
+from celery_extras.store.client import connect
 from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.topology import RedisClusterTopology
 from tests.unit.test_delay_core import make_entry, tokens

@@ -19,7 +19,7 @@ import redis
 from celery import signals
 from celery.contrib.testing.worker import start_worker
 
-from celery_extras.store import CLIENT_NAME
+from celery_extras.store.client import CLIENT_NAME
 from tests.support import proj
 from tests.support.brokers import PrivateRedis
 from tests.support.journal import Journal

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import redis
 
-from celery_extras.store import close_client, redis_client, store_safety
-from celery_extras.store_safety import FULL_RECHECK, StoreSafety
+from celery_extras.store.client import close_client, redis_client, store_safety
+from celery_extras.store.safety import FULL_RECHECK, StoreSafety
 from tests.integration.conftest import Cluster
 from tests.integration.test_stats_cli import extras
 from tests.support import proj

@@ -20,7 +20,7 @@ import redis
 
 from celery_extras.limits.redis_bucket import GlobalTokenBucket, Override
 from celery_extras.retries.redis_failure_memory import RedisCounts
-from celery_extras.store import connect
+from celery_extras.store.client import connect
 from celery_extras.sync.revoke_store import RevokeStore
 from tests.support.clock import FakeClock
 from tests.support.topology import RedisClusterTopology, redis_sentinel

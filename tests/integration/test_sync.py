@@ -22,7 +22,7 @@ import amqp.exceptions
 import pytest
 import redis
 
-from celery_extras.store import redis_client, store_key
+from celery_extras.store.client import redis_client, store_key
 from celery_extras.sync import RevokeStore, record_revokes
 from celery_extras.sync.revoke_store import shard_of
 from celery_extras.sync.syncer import HELLO

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_extras.store import redis_client
+from celery_extras.store.client import redis_client
 from celery_extras.sync.revoke_store import RevokeStore
 from tests.integration.conftest import Cluster
 from tests.support.journal import Journal

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from celery_extras.store import redis_client
+from celery_extras.store.client import redis_client
 from tests.integration.conftest import Cluster
 from tests.support import proj
 from tests.support.journal import Journal

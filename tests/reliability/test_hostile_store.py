@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from celery_extras.store import redis_client, store_key
+from celery_extras.store.client import redis_client, store_key
 from celery_extras.sync.client import record_revokes
 from celery_extras.sync.revoke_store import RevokeStore
 from tests.integration.conftest import Cluster

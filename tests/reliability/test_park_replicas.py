@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
-from celery_extras.store import connect
+from celery_extras.store.client import connect
 from tests.integration.conftest import Cluster
 from tests.support.journal import Journal
 from tests.support.topology import SentinelTopology

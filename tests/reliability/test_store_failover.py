@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_extras.store import redis_client, store_key
+from celery_extras.store.client import redis_client, store_key
 from celery_extras.sync import RevokeStore, record_revokes
 from celery_extras.sync.revoke_store import shard_of
 from tests.integration.conftest import Cluster

@@ -28,7 +28,12 @@ def test_a_message_held_while_the_store_was_away_reaches_celerys_strategy_again(
     consumer = Mock(hostname="w@x", disable_rate_limits=True, task_buckets={})
     consumer.controller.state.revoked = set()
     timers: list[Callable[[], None]] = []
-    consumer.timer.call_after = lambda seconds, fun, priority=0: timers.append(fun) or Mock()
+
+    def call_after(seconds: float, fun: Any, args: tuple[Any, ...] = (), priority: int = 0) -> Any:
+        timers.append(lambda: fun(*args))
+        return Mock()
+
+    consumer.timer.call_after = call_after
     consumer.strategies = {"t.add": add.start_strategy(app, consumer)}
     content_type, encoding, body = dumps(([2, 3], {}, {}), serializer="json")
     message = Message(
@@ -46,4 +51,6 @@ def test_a_message_held_while_the_store_was_away_reaches_celerys_strategy_again(
     (request,), _ = consumer.on_task_request.call_args
     request_args: Any = request.args
     assert request.id == "held-1" and request.name == "t.add" and list(request_args) == [2, 3]
-    assert gate.waiting == {}  # nothing left held
+    assert len(gate.holds) == 0  # nothing left held
+    qos = consumer.qos  # the prefetch window widened while held, narrowed once released
+    assert qos.increment_eventually.call_count == qos.decrement_eventually.call_count == 1

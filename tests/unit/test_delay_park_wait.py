@@ -20,7 +20,7 @@ from redis.exceptions import NoScriptError
 import celery_extras
 from celery_extras.delay.parking import REPLICA_RETRY, Parker, park_replicas
 from celery_extras.delay.redis_store import PARK, WITHDRAW, ParkNotReplicated, RedisDelayStore
-from celery_extras.store import LazyCluster
+from celery_extras.store.client import LazyCluster
 from tests.support.clock import FakeClock
 from tests.unit.test_delay_core import make_entry
 

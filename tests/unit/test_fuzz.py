@@ -21,9 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_extras import install
+from celery_extras.admission.pipeline import PIPELINE_ATTR, Pipeline
+from celery_extras.admission.registry import TaskPolicies
 from celery_extras.install import all_settings
 from celery_extras.limits.control import extras_limit, extras_limit_reset
-from celery_extras.limits.gate import ENFORCER_ATTR, Enforcer
+from celery_extras.limits.gate import LimitGate
 from celery_extras.limits.redis_bucket import Override
 from celery_extras.limits.spec import LimitSpec
 from celery_extras.retries.redis_failure_memory import RedisCounts
@@ -76,12 +78,12 @@ MAX_REPLY = 1000  # characters of a command's reply, whatever the arguments
 @pytest.fixture(scope="module")
 def state() -> Any:
     app = install(Celery("fuzz", broker="redis://127.0.0.1:1/0", set_as_current=False))
-    enforcer = Enforcer(app, SETTINGS)
-    enforcer.register("t", LimitSpec(10.0, 1, "worker", None, "10/s"))
+    pipeline = Pipeline([LimitGate(app, SETTINGS)])
+    pipeline.register("t", TaskPolicies(limit=LimitSpec(10.0, 1, "worker", None, "10/s")))
     revokes = WorkerRevokes(LimitedSet(maxlen=1000, expires=100.0), {}, 100.0)
     revokes.merge_ids({f"id{i}": None for i in range(50)}, stored=False)
     syncer = Syncer(app, "me@host", revokes, SETTINGS)
-    consumer = SimpleNamespace(**{ENFORCER_ATTR: enforcer, SYNCER_ATTR: syncer})
+    consumer = SimpleNamespace(**{PIPELINE_ATTR: pipeline, SYNCER_ATTR: syncer})
     return SimpleNamespace(consumer=consumer, app=app, hostname="me@host")
 
 

@@ -12,7 +12,7 @@ import celery_extras
 from celery_extras.capability import Capability
 from celery_extras.install import ExtrasStep, all_settings, install, settings_of
 from celery_extras.settings import Setting, number
-from celery_extras.store import store_key, store_url
+from celery_extras.store.client import store_key, store_url
 
 install_module = importlib.import_module("celery_extras.install")  # the package re-exports
 # install() under the module's own name

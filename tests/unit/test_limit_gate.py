@@ -1,13 +1,15 @@
-"""The enforcer's decision for a task whose booked slot came round: go now, or book again.
+"""The limit gate's decision for a task whose booked slot came round: go now, or book again.
 
-A fake clock drives both the held path (the worker's timer fired) and the parked path
-(a slot the delay store verified when the released message arrived). A slot used later
-than half its interval (20 ms at least, 0.5 s at most) is booked again, so tasks delayed
-by an outage do not all start together when it ends.
+The gate is driven through a real admission :class:`Pipeline` with a fake consumer. A fake
+clock drives both the held path (the worker's timer fired) and the parked path (a slot the
+delay store verified when the released message arrived). A slot used later than half its
+interval (20 ms at least, 0.5 s at most) is booked again, so tasks delayed by an outage do
+not all start together when it ends.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,18 +18,24 @@ import redis
 from celery import Celery
 from celery.worker import state as worker_state
 
+import celery_extras
+from celery_extras.admission import pipeline as pipeline_module
+from celery_extras.admission.consumer import AdmittedConsumer
+from celery_extras.admission.pipeline import Pipeline
+from celery_extras.admission.registry import TaskPolicies
 from celery_extras.bounds import MAX_WAIT
-from celery_extras.limits.gate import Enforcer, GatedConsumer
+from celery_extras.limits.gate import LimitGate
 from celery_extras.limits.rate import MIN_RATE
 from celery_extras.limits.spec import LimitSpec
 from celery_extras.limits.token_bucket import TokenBucket
+from celery_extras.signals import task_rate_limited
 from tests.support.clock import FakeClock
 
 SETTINGS = {"limit_max_hold": 2.0, "limit_on_store_error": "local", "limit_store_retry": 1.0}
 
 
 class Request:
-    """What the enforcer reads of Celery's request: id, args, eta and the message headers."""
+    """What the gate reads of Celery's request: id, args, eta and the message headers."""
 
     def __init__(self, eta: datetime | None = None, slot: str | None = None) -> None:
         self.id = f"r{id(self)}"
@@ -38,71 +46,102 @@ class Request:
 
 
 class Consumer:
-    """Records which requests went to the pool; a timer that never fires by itself."""
+    """Records which requests went to the pool, and the timer entries asked for (which never
+    fire by themselves: ``scheduled`` holds ``(seconds, function, args)``)."""
 
     def __init__(self) -> None:
         self.ran: list[Request] = []
         self.timer = self
         self.qos = self
+        self.prefetch = 0
+        self.scheduled: list[tuple[float, Any, tuple[Any, ...]]] = []
 
     def on_task_request(self, request: Request) -> None:
         self.ran.append(request)
 
-    def call_after(self, *args: Any, **kwargs: Any) -> Any:
+    def call_after(self, secs: float, fun: Any, args: tuple[Any, ...] = (), **kwargs: Any) -> Any:
+        self.scheduled.append((secs, fun, args))
+        return self
+
+    def call_repeatedly(self, *args: Any, **kwargs: Any) -> Any:
         return self
 
     def cancel(self) -> None:
         pass
 
     def increment_eventually(self) -> None:
-        pass
+        self.prefetch += 1
 
     def decrement_eventually(self) -> None:
-        pass
+        self.prefetch -= 1
+
+
+def make_app(name: str) -> Celery:
+    app = Celery(name, set_as_current=False)
+    celery_extras.install(app)
+    return app
+
+
+def limited(spec: LimitSpec) -> TaskPolicies:
+    return TaskPolicies(limit=spec)
+
+
+def after_eta(pipeline: Pipeline, consumer: Any, request: Request, name: str) -> None:
+    """The ETA of *request* passed: its strategy's consumer hands it to the pipeline."""
+    AdmittedConsumer(consumer, pipeline, name).apply_eta_task(request)
 
 
 @pytest.fixture
-def enforcer() -> Any:
+def limits() -> Iterator[tuple[Pipeline, LimitGate, FakeClock]]:
     clock = FakeClock()
-    enforcer = Enforcer(Celery("unit-enforce", set_as_current=False), SETTINGS, clock)
-    enforcer.register("t10", LimitSpec(10.0, 1, "worker", None, "10/s"))
-    enforcer.register("t1000", LimitSpec(1000.0, 1, "worker", None, "1000/s"))
-    enforcer.register("t_half", LimitSpec(0.5, 1, "worker", None, "30/m"))
-    yield enforcer, clock
-    enforcer.stop()
+    gate = LimitGate(make_app("unit-enforce"), SETTINGS, clock)
+    pipeline = Pipeline([gate])
+    pipeline.register("t10", limited(LimitSpec(10.0, 1, "worker", None, "10/s")))
+    pipeline.register("t1000", limited(LimitSpec(1000.0, 1, "worker", None, "1000/s")))
+    pipeline.register("t_half", limited(LimitSpec(0.5, 1, "worker", None, "30/m")))
+    yield pipeline, gate, clock
+    pipeline.stop()
     worker_state.requests.clear()
     worker_state.reserved_requests.clear()
+    worker_state.scheduled_requests.clear()
 
 
-def test_late_tolerance_is_half_an_interval_within_floor_and_cap(enforcer: Any) -> None:
-    e, _clock = enforcer
-    assert e.late_tolerance("t10") == pytest.approx(0.05)
-    assert e.late_tolerance("t1000") == pytest.approx(0.02)  # floor: timer jitter
-    assert e.late_tolerance("t_half") == pytest.approx(0.5)  # cap
-    e.set_limit("t10", "40/s")
-    assert e.late_tolerance("t10") == pytest.approx(0.02)  # a run-time rate counts
+def test_late_tolerance_is_half_an_interval_within_floor_and_cap(limits: Any) -> None:
+    _pipeline, gate, _clock = limits
+    planner = gate.planner
+    assert planner.late_tolerance("t10") == pytest.approx(0.05)
+    assert planner.late_tolerance("t1000") == pytest.approx(0.02)  # floor: timer jitter
+    assert planner.late_tolerance("t_half") == pytest.approx(0.5)  # cap
+    planner.set_limit("t10", "40/s")
+    assert planner.late_tolerance("t10") == pytest.approx(0.02)  # a run-time rate counts
 
 
 @pytest.mark.parametrize(("late", "runs"), [(0.0, True), (0.049, True), (0.051, False)])
 def test_held_task_runs_only_if_its_timer_fired_within_the_tolerance(
-    enforcer: Any, late: float, runs: bool
+    limits: Any, late: float, runs: bool
 ) -> None:
-    e, clock = enforcer
+    pipeline, gate, clock = limits
     consumer, request = Consumer(), Request()
-    e.hold(consumer, request, "t10", 0.3, booked=True)
+    bucket = gate.planner._local("t10", "", 10.0, 1)
+    for _ in range(3):  # slots now, in 0.1 and 0.2 s: the request books the one in 0.3 s
+        bucket.reserve()
+    pipeline.submit(consumer, request, "t10")
+    ((wait, due_call, args),) = consumer.scheduled
+    assert wait == pytest.approx(0.3) and consumer.ran == [] and gate.counts["held"] == 1
     due = clock.now + 0.3
     clock.now = due + late
-    e._local("t10", "", 10.0, 1).reserve()  # the bucket is busy: booking again means waiting
-    e._release(consumer, request, "t10", True, due)
+    bucket.reserve()  # the bucket is busy: booking again means waiting
+    due_call(*args)  # the worker's timer fires
     if runs:
         assert consumer.ran == [request]
     else:  # booked again: the bucket hands out its next slot, a wait, and holds it again
         assert consumer.ran == []
-        assert e.counts["held"] == 2
+        assert gate.counts["held"] == 2
+    assert consumer.prefetch == (0 if runs else 1)  # widened while held, narrowed once due
 
 
-class Gate:
-    """The delay store's arrival gate as the enforcer sees it: slots verified in the store."""
+class Arrival:
+    """The delay store's arrival gate as the pipeline sees it: slots verified in the store."""
 
     def __init__(self) -> None:
         self.slots: dict[str, float] = {}
@@ -111,58 +150,60 @@ class Gate:
         return self.slots.pop(task_id, None)
 
 
-def gated_consumer() -> tuple[Consumer, Gate]:
-    consumer, gate = Consumer(), Gate()
-    consumer.extras_delay = gate  # type: ignore[attr-defined]
-    return consumer, gate
+def gated_consumer() -> tuple[Consumer, Arrival]:
+    consumer, arrival = Consumer(), Arrival()
+    consumer.extras_delay = arrival  # type: ignore[attr-defined]
+    return consumer, arrival
 
 
 @pytest.mark.parametrize(("late", "runs"), [(0.0, True), (0.03, True), (0.2, False)])
 def test_parked_task_keeps_its_verified_slot_only_if_on_time(
-    enforcer: Any, late: float, runs: bool
+    limits: Any, late: float, runs: bool
 ) -> None:
-    e, clock = enforcer
-    consumer, gate = gated_consumer()
-    e._local("t10", "", 10.0, 1).reserve()  # the bucket is busy: booking again means waiting
+    pipeline, gate, clock = limits
+    consumer, arrival = gated_consumer()
+    gate.planner._local("t10", "", 10.0, 1).reserve()  # busy: booking again means waiting
     request = Request()
-    gate.slots[request.id] = clock.now - late
-    e.after_eta(consumer, request, "t10")
+    arrival.slots[request.id] = clock.now - late
+    after_eta(pipeline, consumer, request, "t10")
     assert (consumer.ran == [request]) is runs
-    assert e.counts["held"] == (0 if runs else 1)
+    assert gate.counts["held"] == (0 if runs else 1)
 
 
-def test_a_verified_slot_still_ahead_is_held_until_it_comes(enforcer: Any) -> None:
-    e, clock = enforcer
-    consumer, gate = gated_consumer()
-    e._local("t10", "", 10.0, 1).reserve()
+def test_a_verified_slot_still_ahead_is_held_until_it_comes(limits: Any) -> None:
+    pipeline, gate, clock = limits
+    consumer, arrival = gated_consumer()
+    gate.planner._local("t10", "", 10.0, 1).reserve()
     request = Request()
-    gate.slots[request.id] = clock.now + 0.7
-    e.submit(consumer, request, "t10")
-    assert consumer.ran == [] and (e.counts["held"], e.counts["slot_holds"]) == (0, 1)
+    arrival.slots[request.id] = clock.now + 0.7
+    pipeline.submit(consumer, request, "t10")
+    assert consumer.ran == [] and (gate.counts["held"], gate.counts["slot_holds"]) == (0, 1)
+    ((wait, due_call, args),) = consumer.scheduled
+    assert wait == pytest.approx(0.7)
     clock.now += 0.7
-    e._release(consumer, request, "t10", True, clock.now)
+    due_call(*args)
     assert consumer.ran == [request]
 
 
-def test_slots_missed_in_an_outage_do_not_start_together(enforcer: Any) -> None:
+def test_slots_missed_in_an_outage_do_not_start_together(limits: Any) -> None:
     """Five parked tasks whose slots passed 0.1 to 0.5 s ago arrive at once after a
     reconnect: they book new slots one interval apart instead of all starting now."""
-    e, clock = enforcer
-    consumer, gate = gated_consumer()
+    pipeline, gate, clock = limits
+    consumer, arrival = gated_consumer()
     for i in range(5):
         request = Request()
-        gate.slots[request.id] = clock.now - 0.1 * (i + 1)
-        e.after_eta(consumer, request, "t10")
+        arrival.slots[request.id] = clock.now - 0.1 * (i + 1)
+        after_eta(pipeline, consumer, request, "t10")
     assert len(consumer.ran) == 1  # the first takes the free token, the rest wait in turn
-    assert e.counts["held"] == 4
+    assert gate.counts["held"] == 4
 
 
-def test_a_slot_header_books_nothing(enforcer: Any) -> None:
+def test_a_slot_header_books_nothing(limits: Any) -> None:
     """``extras_slot`` (the old hand-back header) is not trusted: only the store's word is."""
-    e, _clock = enforcer
-    consumer, _gate = gated_consumer()
-    e._local("t10", "", 10.0, 1).reserve()
-    e.after_eta(consumer, Request(eta=datetime.now(UTC), slot="t10"), "t10")
+    pipeline, gate, _clock = limits
+    consumer, _arrival = gated_consumer()
+    gate.planner._local("t10", "", 10.0, 1).reserve()
+    after_eta(pipeline, consumer, Request(eta=datetime.now(UTC), slot="t10"), "t10")
     assert consumer.ran == []
 
 
@@ -186,11 +227,11 @@ class FakeGlobal:
 
 
 @pytest.fixture
-def global10(enforcer: Any) -> Any:
-    e, clock = enforcer
-    e.register("g10", LimitSpec(10.0, 2, "global", None, "10/s"))
-    store = e._bucket = FakeGlobal(clock, 10.0, 2)
-    return e, clock, store
+def global10(limits: Any) -> Any:
+    pipeline, gate, clock = limits
+    pipeline.register("g10", limited(LimitSpec(10.0, 2, "global", None, "10/s")))
+    store = gate.planner._bucket = FakeGlobal(clock, 10.0, 2)
+    return pipeline, gate, clock, store
 
 
 def busiest(times: list[float]) -> int:
@@ -202,24 +243,25 @@ def test_an_outage_adds_no_second_burst_to_booked_slots(global10: Any, outage_af
     """Issue 17 item 5: slots booked on the store before an outage, the fallback bucket
     used during it and the store's slots after it, together, give at most rate + burst
     starts in any second per worker."""
-    e, clock, store = global10
+    _pipeline, gate, clock, store = global10
+    planner = gate.planner
     starts: list[float] = []
     for _ in range(8):  # 8 tasks arrive at once: 2 now, the rest booked 0.1 s apart
-        wait, booked = e.wait_for("g10", e.specs["g10"], Request())
+        wait, booked = planner.wait_for("g10", planner.specs["g10"], Request())
         assert booked
         starts.append(clock.now + wait)
     clock.now += outage_after
     store.error = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
     for _ in range(40):  # arrivals go on through the outage, 20 a second
-        wait, booked = e.wait_for("g10", e.specs["g10"], Request())
+        wait, booked = planner.wait_for("g10", planner.specs["g10"], Request())
         assert booked
         starts.append(clock.now + wait)
         clock.now += 0.05
     assert busiest(sorted(starts)) <= 10 + 2
-    clock.now += e.store_retry
+    clock.now += planner.store_retry
     store.error = None  # back, with a full bucket: the fallback's debt still comes first
     for _ in range(40):
-        wait, booked = e.wait_for("g10", e.specs["g10"], Request())
+        wait, booked = planner.wait_for("g10", planner.specs["g10"], Request())
         assert booked
         starts.append(clock.now + wait)
         clock.now += 0.05
@@ -227,13 +269,13 @@ def test_an_outage_adds_no_second_burst_to_booked_slots(global10: Any, outage_af
 
 
 def test_a_slot_handed_back_before_an_outage_books_on_the_fallback_bucket(global10: Any) -> None:
-    e, _clock, store = global10
+    pipeline, _gate, _clock, store = global10
     store.error = redis.ConnectionError("down")
     consumer = Consumer()
     for _ in range(3):
-        e.submit(consumer, Request(), "g10")  # 2 run (burst), 1 waits on the fallback
+        pipeline.submit(consumer, Request(), "g10")  # 2 run (burst), 1 waits on the fallback
     late = Request(eta=datetime.now(UTC), slot="g10")  # on time, but booked on the store
-    e.after_eta(consumer, late, "g10")
+    after_eta(pipeline, consumer, late, "g10")
     assert late not in consumer.ran  # the fallback bucket decides while the store is away
 
 
@@ -242,16 +284,17 @@ def test_a_slot_handed_back_before_an_outage_books_on_the_fallback_bucket(global
 def test_a_wait_beyond_the_longest_is_clamped_and_not_booked(
     global10: Any, waits: float, booked: bool
 ) -> None:
-    e, _clock, store = global10
+    _pipeline, gate, _clock, store = global10
     store.wait = waits
-    wait, was_booked = e.wait_for("g10", e.specs["g10"], Request())
+    wait, was_booked = gate.planner.wait_for("g10", gate.planner.specs["g10"], Request())
     assert 0 <= wait <= MAX_WAIT and was_booked is booked
 
 
-def test_a_worker_bucket_books_no_wait_beyond_the_longest(enforcer: Any) -> None:
-    e, _clock = enforcer
-    e.register("slow", LimitSpec(MIN_RATE, 1, "worker", None, "1/86400s"))
-    waits = [e.wait_for("slow", e.specs["slow"], Request()) for _ in range(40)]
+def test_a_worker_bucket_books_no_wait_beyond_the_longest(limits: Any) -> None:
+    pipeline, gate, _clock = limits
+    pipeline.register("slow", limited(LimitSpec(MIN_RATE, 1, "worker", None, "1/86400s")))
+    planner = gate.planner
+    waits = [planner.wait_for("slow", planner.specs["slow"], Request()) for _ in range(40)]
     assert waits[0] == (0.0, True)
     assert waits[30] == (pytest.approx(30 * 86400.0), True)
     assert waits[31] == (MAX_WAIT, False) == waits[39]  # not booked: asks again later
@@ -260,25 +303,32 @@ def test_a_worker_bucket_books_no_wait_beyond_the_longest(enforcer: Any) -> None
 @pytest.mark.parametrize(
     ("error", "logged"),
     [
-        (redis.ConnectionError("Error 111"), "the store is unreachable (ConnectionError: Error"),
+        (redis.ConnectionError("Error 111"),
+         "global limits: the store failed (ConnectionError: Error 111"),
         (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
-         "answered the limit script with an error (ResponseError: WRONGTYPE Operation"),
+         "global limits: the store failed (ResponseError: WRONGTYPE Operation"),
         (redis.ResponseError("x" * 100_000), "(100000 characters)"),
-        (ValueError("a reply the script never gives"), "with an error (ValueError: a reply"),
+        (ValueError("a reply the script never gives"),
+         "global limits: the store failed (ValueError: a reply"),
     ],
 )  # fmt: skip
 def test_store_errors_are_named_with_redis_text_once(
     global10: Any, caplog: pytest.LogCaptureFixture, error: Exception, logged: str
 ) -> None:
-    e, clock, store = global10
+    _pipeline, gate, clock, store = global10
+    planner = gate.planner
     store.error = error
     for _ in range(5):
-        assert e.wait_for("g10", e.specs["g10"], Request())[1]  # the fallback books
-        clock.now += e.store_retry
+        assert planner.wait_for("g10", planner.specs["g10"], Request())[1]  # the fallback books
+        clock.now += planner.store_retry
     records = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(records) == 1 and logged in records[0], records
+    assert records[0].endswith(
+        "; they fall back to extras_limit_on_store_error='local' until it answers "
+        "(logged once per outage)"
+    )
     assert len(records[0]) < 600
-    info = e.info()
+    info = gate.info()
     assert info["store"] == "down" and logged.split("(")[-1] in f"({info['store_error']}"
 
 
@@ -291,13 +341,13 @@ def test_store_errors_are_named_with_redis_text_once(
      (["10/s"], None, "rate ['10/s']: expected a string")],
 )  # fmt: skip
 def test_set_limit_refuses_rates_and_bursts_out_of_bounds(
-    enforcer: Any, rate: object, burst: object, error: str
+    limits: Any, rate: object, burst: object, error: str
 ) -> None:
-    e, _clock = enforcer
+    _pipeline, gate, _clock = limits
     with pytest.raises(ValueError) as info:
-        e.set_limit("t10", rate, burst)
+        gate.planner.set_limit("t10", rate, burst)
     assert error in str(info.value) and len(str(info.value)) < 200
-    assert "t10" not in e.overrides
+    assert "t10" not in gate.planner.overrides
 
 
 class TimedConsumer(Consumer):
@@ -313,8 +363,8 @@ class TimedConsumer(Consumer):
         super().on_task_request(request)
         self.started.append(self.clock.now)
 
-    def call_after(self, wait: float, fn: Any, args: tuple[Any, ...], **kwargs: Any) -> Any:
-        self.timers.append((self.clock.now + wait, fn, args))
+    def call_after(self, secs: float, fun: Any, args: tuple[Any, ...] = (), **kwargs: Any) -> Any:
+        self.timers.append((self.clock.now + secs, fun, args))
         return self
 
     def fire_until(self, until: float) -> None:
@@ -332,46 +382,58 @@ def test_fallback_slots_are_booked_again_on_the_store_once_it_answers(global10: 
     """A failover: slots booked on the fallback bucket while the store was away are unknown
     to the (new) store, whose bucket starts full. Held tasks whose fallback slot comes after
     the store answers again book a slot there instead, so the limit holds from then on."""
-    e, clock, store = global10
+    pipeline, _gate, clock, store = global10
     consumer = TimedConsumer(clock)
     store.error = redis.ConnectionError("Error 111: the master is gone")
     # no delay store on this consumer: every wait is held
     for _ in range(30):  # 2 run at once, 28 held on the fallback bucket, 0.1 s apart
-        e.submit(consumer, Request(), "g10")
+        pipeline.submit(consumer, Request(), "g10")
     consumer.fire_until(clock.now + 1.2)  # past extras_limit_store_retry: the store is asked
     back = clock.now
     store.error = None  # promoted: a fresh bucket, full
     for _ in range(10):
-        e.submit(consumer, Request(), "g10")
+        pipeline.submit(consumer, Request(), "g10")
     consumer.fire_until(clock.now + 10.0)
     assert not consumer.timers and len(consumer.started) == 40  # all ran, none lost
     after = sorted(t for t in consumer.started if t >= back)
     assert busiest(after) <= 10 + 2
 
 
-def test_a_fallback_slot_is_not_parked_as_booked(global10: Any) -> None:
+def test_a_fallback_slot_is_not_parked_as_booked(
+    global10: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A slot of the fallback bucket (store away) is unknown to the store: the task is held,
     and books again on the store if it answers before the slot comes; it is never parked
     with that slot."""
-    e, _clock, store = global10
+    pipeline, gate, clock, store = global10
     store.error = redis.ConnectionError("down")
     parked: list[float] = []
-    e.park = lambda gate, request, name, slot: parked.append(slot) or True  # type: ignore[method-assign]
-    consumer, _gate = gated_consumer()
+
+    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> bool:
+        parked.append(delay)
+        return True
+
+    monkeypatch.setattr(pipeline_module, "park_message", park)
+    consumer, _arrival = gated_consumer()
     for _ in range(40):  # waits beyond extras_limit_max_hold would be parked
-        e.submit(consumer, Request(), "g10")
+        pipeline.submit(consumer, Request(), "g10")
     assert parked == []
-    assert (len(consumer.ran), e.counts["held"]) == (2, 38)  # burst 2, then every one held
+    assert (len(consumer.ran), gate.counts["held"]) == (2, 38)  # burst 2, then every one held
+    # (and the same consumer parks a wait booked on the store once it answers)
+    store.error = None
+    clock.now += gate.planner.store_retry
+    pipeline.submit(consumer, Request(), "g10")
+    assert len(parked) == 1 and gate.counts["parked"] == 1
 
 
-def test_an_eta_timer_of_a_lost_connection_runs_nothing(enforcer: Any) -> None:
+def test_an_eta_timer_of_a_lost_connection_runs_nothing(limits: Any) -> None:
     """Celery 5.5/5.6 keep ETA timers of a lost connection; the broker delivers those
-    messages again, so the gated consumer of the old connection drops them."""
-    e, _clock = enforcer
+    messages again, so the admitted consumer of the old connection drops them."""
+    pipeline, _gate, _clock = limits
     consumer = Consumer()
-    old = GatedConsumer(consumer, e, "t10")
-    e.stop()  # the connection is lost; Celery builds new strategies on the next one
-    new = GatedConsumer(consumer, e, "t10")
+    old = AdmittedConsumer(consumer, pipeline, "t10")
+    pipeline.stop()  # the connection is lost; Celery builds new strategies on the next one
+    new = AdmittedConsumer(consumer, pipeline, "t10")
     on_time = datetime.now(UTC)
     old.apply_eta_task(Request(eta=on_time, slot="t10"))
     assert consumer.ran == []
@@ -386,19 +448,49 @@ def test_a_stored_rate_is_announced_once_whichever_starts_first(
 ) -> None:
     """Celery orders the consumer's Tasks step and ours either way: the task's strategy
     (which registers its limit) may be built before or after the stored rates load."""
-    from celery_extras.limits import gate as enforce
+    from celery_extras.limits import gate as limit_gate
     from celery_extras.limits.redis_bucket import Override
 
-    enforce._announced.clear()
-    enforcer = Enforcer(Celery("unit-announce", set_as_current=False), SETTINGS, FakeClock())
-    spec = LimitSpec(5.0, 1, "global", None, "5/s")
+    limit_gate._announced.clear()
+    gate = LimitGate(make_app("unit-announce"), SETTINGS, FakeClock())
+    pipeline = Pipeline([gate])
+    policies = limited(LimitSpec(5.0, 1, "global", None, "5/s"))
     if registered_first:
-        enforcer.register("t5", spec)
-    enforcer.overrides["t5"] = Override(7.0, None, "7/s")  # as load_overrides() reads it
-    enforcer.announce(*enforcer.overrides)
-    enforcer.register("t5", spec)  # (again, when registered first: a consumer restart)
-    enforcer.announce(*enforcer.overrides)
+        pipeline.register("t5", policies)
+    gate.planner.overrides["t5"] = Override(7.0, None, "7/s")  # as load_overrides() reads it
+    gate.announce(*gate.planner.overrides)
+    pipeline.register("t5", policies)  # (again, when registered first: a consumer restart)
+    gate.announce(*gate.planner.overrides)
     lines = [r.getMessage() for r in caplog.records if "stored rate" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("celery-extras: t5 runs at the stored rate "
                                                    "7/s, not its limit() 5/s")  # fmt: skip
-    enforce._announced.clear()
+    limit_gate._announced.clear()
+
+
+def test_a_parked_wait_ends_at_its_booked_slot_whatever_time_passed_before_parking(
+    limits: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Time spent between booking and parking (a slow ``task_rate_limited`` receiver, the
+    message built for the store) is taken off the parked wait: a parked task is not later
+    than its slot, which would crowd the slots booked after it."""
+    pipeline, gate, clock = limits
+    stored: list[float] = []
+
+    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> bool:
+        stored.append(clock.now + delay)
+        return True
+
+    def slow_receiver(sender: Any = None, **kwargs: Any) -> None:
+        clock.now += 0.5
+
+    monkeypatch.setattr(pipeline_module, "park_message", park)
+    task_rate_limited.connect(slow_receiver, weak=False)
+    try:
+        consumer, _arrival = gated_consumer()
+        for _ in range(8):
+            pipeline.submit(consumer, Request(), "t_half")  # 30/m: one slot every 2 s
+    finally:
+        task_rate_limited.disconnect(slow_receiver)
+    booked = gate.planner.local[("t_half", "")].booked_until()
+    assert gate.counts["parked"] == len(stored) == 6  # 1 runs, the 2 s wait is held
+    assert stored == [booked - 2.0 * n for n in range(5, -1, -1)]

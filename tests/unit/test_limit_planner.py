@@ -1,4 +1,4 @@
-"""The limits' pure decision (:class:`Limiter.plan`) on a fake clock: run, hold or park."""
+"""The limits' pure decision (:meth:`LimitPlanner.plan`) on a fake clock: run, hold or park."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from celery_extras.limits.planner import Limiter
+from celery_extras.limits.planner import LimitPlanner
 from celery_extras.limits.spec import LimitSpec
 from tests.support.clock import FakeClock
 
@@ -18,21 +18,21 @@ def no_store() -> None:
 
 
 @pytest.fixture
-def limiter() -> tuple[Limiter, FakeClock]:
+def planner_clock() -> tuple[LimitPlanner, FakeClock]:
     clock = FakeClock(30 * 86400.0)
-    limiter = Limiter(SETTINGS, no_store, clock)  # type: ignore[arg-type]
-    limiter.register("t10", LimitSpec(10.0, 1, "worker", None, "10/s"))
-    return limiter, clock
+    planner = LimitPlanner(SETTINGS, no_store, clock)  # type: ignore[arg-type]
+    planner.register("t10", LimitSpec(10.0, 1, "worker", None, "10/s"))
+    return planner, clock
 
 
 REQUEST = SimpleNamespace(args=(), kwargs={})
 
 
 def test_waits_up_to_the_hold_are_held_longer_ones_parked(
-    limiter: tuple[Limiter, FakeClock],
+    planner_clock: tuple[LimitPlanner, FakeClock],
 ) -> None:
-    lim, clock = limiter
-    plans = [lim.plan("t10", REQUEST) for _ in range(23)]
+    planner, clock = planner_clock
+    plans = [planner.plan("t10", REQUEST) for _ in range(23)]
     assert plans[0].action == "run"
     assert [p.action for p in plans[1:21]] == ["hold"] * 20  # waits 0.1 .. 2.0 s
     assert plans[20].wait == pytest.approx(2.0)
@@ -42,13 +42,13 @@ def test_waits_up_to_the_hold_are_held_longer_ones_parked(
 
 
 def test_a_verified_slot_is_kept_when_ahead_or_barely_passed(
-    limiter: tuple[Limiter, FakeClock],
+    planner_clock: tuple[LimitPlanner, FakeClock],
 ) -> None:
-    lim, clock = limiter
-    lim.plan("t10", REQUEST)  # the bucket is busy now
-    ahead = lim.plan("t10", REQUEST, slot=clock.now + 5.0)
+    planner, clock = planner_clock
+    planner.plan("t10", REQUEST)  # the bucket is busy now
+    ahead = planner.plan("t10", REQUEST, slot=clock.now + 5.0)
     assert (ahead.action, ahead.wait, ahead.due, ahead.verified) == ("hold", 5.0, clock.now + 5.0,
                                                                      True)  # fmt: skip
-    assert lim.plan("t10", REQUEST, slot=clock.now - 0.04).action == "run"  # tolerance 0.05 s
-    missed = lim.plan("t10", REQUEST, slot=clock.now - 0.06)
+    assert planner.plan("t10", REQUEST, slot=clock.now - 0.04).action == "run"  # tolerance 0.05 s
+    missed = planner.plan("t10", REQUEST, slot=clock.now - 0.06)
     assert missed.action == "hold" and not missed.verified  # booked a new slot

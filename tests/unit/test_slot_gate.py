@@ -1,9 +1,11 @@
 """concurrency(): bad input named, the pure slot table and wait queues on a fake clock, and the
-gate's decisions (worker scope, store down) with a fake consumer."""
+slot gate's decisions (worker scope, store down) through a real admission pipeline with a fake
+consumer."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +15,8 @@ from celery.worker import state as worker_state
 import celery_extras
 from celery_extras import ExponentialBackoff, PolicyError, compat, concurrency, limit, retry_policy
 from celery_extras.admission.decorators import _STRATEGY
-from celery_extras.admission.registry import policies_of
+from celery_extras.admission.pipeline import Pipeline
+from celery_extras.admission.registry import TaskPolicies, policies_of
 from celery_extras.concurrency.gate import SlotGate
 from celery_extras.concurrency.slot_table import SlotTable, WaitQueues
 from celery_extras.concurrency.spec import ConcurrencySpec
@@ -132,7 +135,7 @@ def test_wait_queues_are_fifo_per_bucket() -> None:
     assert q.remove(("t", "b"), "b1") and len(q) == 0 and q.pop(("t", "b")) is None
 
 
-# -- the gate, with a fake consumer --------------------------------------------------------
+# -- the gate, through a pipeline with a fake consumer --------------------------------------
 
 
 class Request:
@@ -144,6 +147,9 @@ class Request:
         self.kwargs: dict[str, Any] = {}
         self.name = "t"
         self.time_start: float | None = None
+
+    def on_accepted(self, pid: Any, time_accepted: Any) -> None:
+        pass
 
     def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> None:
         worker_state.task_ready(self)
@@ -196,27 +202,49 @@ class Consumer:
 SETTINGS = {"concurrency_on_store_error": "local", "limit_store_retry": 1.0}
 
 
-@pytest.fixture
-def gate() -> Any:
-    clock = FakeClock()
+class Slots:
+    """A slot gate in a started pipeline, with the fake consumer it runs for."""
+
+    def __init__(self, app: Celery, settings: dict[str, Any], clock: FakeClock) -> None:
+        self.gate = SlotGate(app, settings, clock)
+        self.pipeline = Pipeline([self.gate])
+        self.consumer = Consumer()
+        self.pipeline.start(self.consumer)
+
+    def register(self, name: str, spec: ConcurrencySpec) -> None:
+        assert self.pipeline.register(name, TaskPolicies(concurrency=spec))
+
+    def submit(self, request: Request, name: str = "t") -> None:
+        """*request* arrives, as its strategy hands it on: it enters the pipeline."""
+        self.pipeline.submit(self.consumer, request, name)
+
+    def stop(self) -> None:
+        self.pipeline.stop()
+        worker_state.requests.clear()
+        worker_state.reserved_requests.clear()
+        worker_state.scheduled_requests.clear()
+
+
+def store_down_app() -> Celery:
     app = Celery("unit-slots", broker="memory://", set_as_current=False)
     app.conf.extras_redis_url = "redis://127.0.0.1:1/0"  # nothing listens: store down
     celery_extras.install(app)
-    gate = SlotGate(app, SETTINGS, clock)
-    consumer = Consumer()
-    gate.start(consumer)
-    yield gate, consumer, clock
-    gate.stop()
-    worker_state.requests.clear()
-    worker_state.reserved_requests.clear()
+    return app
 
 
-def test_worker_scope_fifo_per_key_and_release_on_every_ending(gate: Any) -> None:
-    g, c, _clock = gate
-    g.register("t", ConcurrencySpec(1, "worker", lambda a, k: a[0], 30.0))
+@pytest.fixture
+def slots() -> Iterator[Slots]:
+    slots = Slots(store_down_app(), SETTINGS, FakeClock())
+    yield slots
+    slots.stop()
+
+
+def test_worker_scope_fifo_per_key_and_release_on_every_ending(slots: Slots) -> None:
+    g, c = slots.gate, slots.consumer
+    slots.register("t", ConcurrencySpec(1, "worker", lambda a, k: a[0], 30.0))
     reqs = [Request("a"), Request("a"), Request("b"), Request("a")]
     for r in reqs:
-        g.submit(c, r, "t")
+        slots.submit(r)
     assert c.ran == [reqs[0], reqs[2]]  # a and b in parallel, the other a's wait
     assert c.prefetch == 2 and g.info()["tasks"]["t"] == {
         "n": 1, "scope": "worker", "per_key": True, "lease": 30.0, "cap": 1, "holding": 2,
@@ -231,60 +259,63 @@ def test_worker_scope_fifo_per_key_and_release_on_every_ending(gate: Any) -> Non
     reqs[3].on_timeout(False, 1)
     reqs[2].on_success((True, None, 0.1))
     assert g.info()["holding"] == 0 and g.counts["released"] == 4
-    assert g.local.buckets() == 0
+    assert g.local.table.buckets() == 0
 
 
 def test_a_key_that_raises_is_logged_and_shares_the_task_slot(
-    gate: Any, caplog: pytest.LogCaptureFixture
+    slots: Slots, caplog: pytest.LogCaptureFixture
 ) -> None:
-    g, c, _clock = gate
-    g.register("t", ConcurrencySpec(1, "worker", lambda a, k: a[5], 30.0))
+    slots.register("t", ConcurrencySpec(1, "worker", lambda a, k: a[5], 30.0))
     with caplog.at_level(logging.ERROR):
-        g.submit(c, Request("a"), "t")
-        g.submit(c, Request("b"), "t")
-    assert len(c.ran) == 1 and len(g.waiting) == 1
+        slots.submit(Request("a"))
+        slots.submit(Request("b"))
+    assert len(slots.consumer.ran) == 1 and len(slots.gate.queues) == 1
     assert "concurrency key of t failed; using its shared slots" in caplog.text
 
 
-def test_an_ending_celery_saw_but_we_did_not_frees_the_slot_at_renewal(gate: Any) -> None:
-    g, c, _clock = gate
-    g.register("t", ConcurrencySpec(1, "worker", None, 30.0))
+def test_an_ending_celery_saw_but_we_did_not_frees_the_slot_at_renewal(slots: Slots) -> None:
+    c = slots.consumer
+    slots.register("t", ConcurrencySpec(1, "worker", None, 30.0))
     first, second = Request(), Request()
-    g.submit(c, first, "t")
-    g.submit(c, second, "t")
+    slots.submit(first)
+    slots.submit(second)
     worker_state.task_ready(first)  # Celery forgot it, no callback reached us
-    g.tick()
+    slots.pipeline.tick()
     assert c.ran == [first]
-    g.tick()
+    slots.pipeline.tick()
     assert c.ran == [first, second]
 
 
 @pytest.mark.parametrize(("on_error", "ran"), [("local", 2), ("allow", 3), ("delay", 0)])
 def test_store_down_follows_the_setting_and_is_logged_once(
-    gate: Any, caplog: pytest.LogCaptureFixture, on_error: str, ran: int
+    caplog: pytest.LogCaptureFixture, on_error: str, ran: int
 ) -> None:
-    g, c, _clock = gate
-    g.on_store_error = on_error
-    g.register("t", ConcurrencySpec(2, "global", None, 30.0))
-    with caplog.at_level(logging.ERROR):
-        for _ in range(3):
-            g.submit(c, Request(), "t")
-    assert len(c.ran) == ran and len(g.waiting) == 3 - ran
-    outages = [r for r in caplog.records if "concurrency slots: the store failed" in r.message]
-    assert len(outages) == 1
-    assert f"extras_concurrency_on_store_error={on_error!r}" in outages[0].message
-    assert g.outage.reason.startswith("ConnectionError: ")
-    assert g.info()["store"] == "down"
-    if on_error == "delay":  # asks again after extras_limit_store_retry
-        assert c.scheduled[-1][0] == pytest.approx(1.0)
+    slots = Slots(store_down_app(), {**SETTINGS, "concurrency_on_store_error": on_error},
+                  FakeClock())  # fmt: skip
+    g, c = slots.gate, slots.consumer
+    try:
+        slots.register("t", ConcurrencySpec(2, "global", None, 30.0))
+        with caplog.at_level(logging.ERROR):
+            for _ in range(3):
+                slots.submit(Request())
+        assert len(c.ran) == ran and len(g.queues) == 3 - ran
+        outages = [r for r in caplog.records if "concurrency slots: the store failed" in r.message]
+        assert len(outages) == 1
+        assert f"extras_concurrency_on_store_error={on_error!r}" in outages[0].message
+        assert g.health.reason.startswith("ConnectionError: ")
+        assert g.info()["store"] == "down"
+        if on_error == "delay":  # asks again after extras_limit_store_retry
+            assert c.scheduled[-1][0] == pytest.approx(1.0)
+    finally:
+        slots.stop()
 
 
-def test_terminate_and_cancel_free_the_slot_of_a_running_task_only(gate: Any) -> None:
-    g, c, _clock = gate
-    g.register("t", ConcurrencySpec(1, "worker", None, 30.0))
+def test_terminate_and_cancel_free_the_slot_of_a_running_task_only(slots: Slots) -> None:
+    c = slots.consumer
+    slots.register("t", ConcurrencySpec(1, "worker", None, 30.0))
     first, second, third = Request(), Request(), Request()
     for r in (first, second, third):
-        g.submit(c, r, "t")
+        slots.submit(r)
     first.terminate(None)  # not started yet: Celery terminates it when the pool accepts it
     assert c.ran == [first]
     first.time_start = 1.0
@@ -307,16 +338,13 @@ def test_request_pending_is_celerys_own_bookkeeping() -> None:
 def test_worker_scope_needs_no_store_and_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     app = Celery("unit-nostore", broker="amqp://guest@127.0.0.1:1//", set_as_current=False)
     celery_extras.install(app)
-    gate = SlotGate(app, SETTINGS, FakeClock())
-    consumer = Consumer()
-    gate.start(consumer)
+    slots = Slots(app, SETTINGS, FakeClock())
     try:
-        gate.register("t", ConcurrencySpec(2, "worker", None, 30.0))
+        slots.register("t", ConcurrencySpec(2, "worker", None, 30.0))
         with caplog.at_level(logging.WARNING):
             for _ in range(3):
-                gate.submit(consumer, Request(), "t")
-        assert len(consumer.ran) == 2 and len(gate.waiting) == 1
-        assert caplog.records == [] and gate.info()["store"] == "ok"
+                slots.submit(Request())
+        assert len(slots.consumer.ran) == 2 and len(slots.gate.queues) == 1
+        assert caplog.records == [] and slots.gate.info()["store"] == "ok"
     finally:
-        gate.stop()
-        worker_state.requests.clear()
+        slots.stop()

@@ -1,4 +1,5 @@
-"""The counting seams with a fake clock: strategies count receipts, requests their outcomes."""
+"""The counting seams with a fake clock: strategies count receipts, requests their outcomes
+(heard through the consumer's request hook)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from celery.exceptions import (
 )
 from celery.worker.request import Request
 
-from celery_extras.stats.counting import RequestCounting, counting_strategy
+from celery_extras.admission.request_hook import RequestHook
+from celery_extras.stats.outcomes import OutcomeCounter, counting_strategy
 from celery_extras.stats.recorder import COUNTERS, LockedRecorder, Recorder
-from celery_extras.stats.recording import StatsRecording
+from celery_extras.stats.steps import StatsRecording
 from tests.support.clock import FakeClock
 
 
@@ -71,10 +73,21 @@ def counts(recorder: Recorder, name: str = "t") -> dict[str, int]:
     return {c: figures[c][0] for c in COUNTERS if figures.get(c, [0])[0]}
 
 
+def hooked_consumer(recorder: Recorder, on_task_request: Any) -> tuple[RequestHook, Any]:
+    """A request hook counting outcomes into *recorder*, and a consumer whose
+    ``on_task_request`` (*on_task_request*, wrapped by the hook) hooks each request."""
+    hook = RequestHook()
+    hook.listen(outcomes=OutcomeCounter(recorder))
+    consumer = SimpleNamespace(on_task_request=on_task_request)
+    hook.wrap(consumer)
+    return hook, consumer
+
+
 def handed(recorder: Recorder, request: TaskRequest) -> TaskRequest:
     """*request* after the counting ``on_task_request``, which passes it on unchanged."""
     passed: list[Any] = []
-    RequestCounting(recorder).wrap(passed.append)(request)
+    _hook, consumer = hooked_consumer(recorder, passed.append)
+    consumer.on_task_request(request)
     assert passed == [request]
     return request
 
@@ -193,8 +206,8 @@ def test_a_lost_worker_counts_as_celery_treats_it(
 
 
 def test_a_request_handed_over_twice_counts_once(recorder: Recorder) -> None:
-    counting = RequestCounting(recorder)
-    on_task_request = counting.wrap(lambda request: None)
+    hook, consumer = hooked_consumer(recorder, lambda request: None)
+    on_task_request = consumer.on_task_request
     request = TaskRequest()
     on_task_request(request)
     counted_class = type(request)
@@ -204,7 +217,7 @@ def test_a_request_handed_over_twice_counts_once(recorder: Recorder) -> None:
     request.on_success((False, None, 0.1))
     assert counts(recorder) == {"started": 1, "succeeded": 1}
     on_task_request(TaskRequest())  # one counting class per request class
-    counting.forget()
+    hook.forget()
     other = TaskRequest()
     on_task_request(other)
     assert type(other) is not counted_class  # made anew after the strategies are rebuilt
@@ -228,14 +241,14 @@ def test_a_request_class_that_cannot_be_swapped_is_passed_on_uncounted(
         __slots__ = ("extra",)
 
     passed: list[Any] = []
-    counting = RequestCounting(recorder)
-    on_task_request = counting.wrap(passed.append)
-    counting._classes[Wider] = Slotted  # a layout __class__ cannot change to
+    hook, consumer = hooked_consumer(recorder, passed.append)
+    on_task_request = consumer.on_task_request
+    hook._classes[Wider] = Slotted  # a layout __class__ cannot change to
     request = Wider()
     on_task_request(request)
     on_task_request(request)
     assert passed == [request, request] and type(request) is Wider
-    assert caplog.text.count("cannot count requests of class") == 1
+    assert caplog.text.count("cannot hook requests of class") == 1
 
 
 @pytest.mark.parametrize(

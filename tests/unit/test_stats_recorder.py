@@ -27,7 +27,7 @@ from celery_extras.stats.recorder import (
     LockedRecorder,
     Recorder,
 )
-from celery_extras.stats.recording import _Receivers
+from celery_extras.stats.steps import _Receivers
 from tests.support.clock import FakeClock
 
 

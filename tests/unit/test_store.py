@@ -11,7 +11,7 @@ from celery.exceptions import ImproperlyConfigured
 
 import celery_extras
 from celery_extras.settings import redis_options
-from celery_extras.store import (
+from celery_extras.store.client import (
     LazyCluster,
     StoreUnavailable,
     redis_client,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_extras.store_safety import (
+from celery_extras.store.safety import (
     FULL_RECHECK,
     KEPT,
     PARKED,

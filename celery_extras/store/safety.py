@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from .bounds import cut
+from ..bounds import cut
 
 __all__ = [
     "FULL_RECHECK",

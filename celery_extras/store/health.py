@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from .bounds import cut
+from ..bounds import cut
 
 __all__ = ["OutageLog", "StoreHealth", "StoreUser", "answered_with_error", "store_text"]
 

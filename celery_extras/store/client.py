@@ -44,9 +44,9 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from .settings import KEY_PREFIX, REDIS_OPTIONS, REDIS_URL, STORE_ALLOW_EVICTION, settings_of
-from .store_health import StoreHealth, StoreUser
-from .store_safety import REFRESH, StoreSafety
+from ..settings import KEY_PREFIX, REDIS_OPTIONS, REDIS_URL, STORE_ALLOW_EVICTION, settings_of
+from .health import StoreHealth, StoreUser
+from .safety import REFRESH, StoreSafety
 
 __all__ = [
     "CLIENT_NAME",
