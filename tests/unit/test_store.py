@@ -126,7 +126,7 @@ def test_a_forked_child_opens_its_own_client_even_with_the_lock_held() -> None:
     import select
     import signal
 
-    from celery_extras import store
+    from celery_extras.store import client as store
 
     app = app_with(extras_redis_url="redis+cluster://127.0.0.1:1")
     parent = redis_client(app)
