@@ -34,9 +34,9 @@ import redis
 from celery import Task, shared_task
 
 from celery_extras import limit
-from celery_extras.delay.core import Take
 from celery_extras.delay.entry import Entry
 from celery_extras.delay.redis_store import RedisDelayStore, delay_keys
+from celery_extras.delay.store import Take
 from tests.support.brokers import REDIS_URL
 from tests.support.journal import Journal
 

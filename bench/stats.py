@@ -130,7 +130,9 @@ def hook_cost_us(number: int = 200_000, repeat: int = 5) -> tuple[float, float]:
     hook.listen(outcomes=OutcomeCounter(recorder))
     consumer = SimpleNamespace(on_task_request=on_task_request)
     hook.wrap(consumer)
-    with_hooks = path(counting_strategy(_Request.name, strategy, recorder), consumer.on_task_request)
+    with_hooks = path(
+        counting_strategy(_Request.name, strategy, recorder), consumer.on_task_request
+    )
     return without, with_hooks
 
 

@@ -11,6 +11,6 @@ rest of the stats; it imports neither Flower nor ``prometheus-client``.
 
 from __future__ import annotations
 
-from .stats.flower import FlowerExtras, LiveState, in_flower, page_data, readable
+from .stats.flower import LiveState, in_flower, page_data, readable
 
-__all__ = ["FlowerExtras", "LiveState", "in_flower", "page_data", "readable"]
+__all__ = ["LiveState", "in_flower", "page_data", "readable"]

@@ -47,13 +47,7 @@ def limit(
     never lost.
     """
 
-    def decorate(task: T) -> T:
-        fun, name = target_of(task)
-        record(fun).limit = LimitSpec.build(name, rate, burst, scope, key)
-        _apply_everywhere(fun)
-        return task
-
-    return decorate
+    return _recording("limit", lambda name: LimitSpec.build(name, rate, burst, scope, key))
 
 
 def concurrency(
@@ -71,13 +65,7 @@ def concurrency(
     never runs over the cap and is never lost.
     """
 
-    def decorate(task: T) -> T:
-        fun, name = target_of(task)
-        record(fun).concurrency = ConcurrencySpec.build(name, n, key, scope, lease)
-        _apply_everywhere(fun)
-        return task
-
-    return decorate
+    return _recording("concurrency", lambda name: ConcurrencySpec.build(name, n, key, scope, lease))
 
 
 def retry_policy(
@@ -95,9 +83,18 @@ def retry_policy(
     success. Out of retries, the task fails with the original exception.
     """
 
+    return _recording(
+        "retry", lambda name: RetrySpec.build(name, on, policy, max_retries, per_item, key)
+    )
+
+
+def _recording(policy: str, build: Callable[[str], Any]) -> Callable[[T], T]:
+    """A decorator recording ``build(task name)`` as the task's *policy* and applying it in
+    every app already finalized (checked now: errors name the task and the argument)."""
+
     def decorate(task: T) -> T:
         fun, name = target_of(task)
-        record(fun).retry = RetrySpec.build(name, on, policy, max_retries, per_item, key)
+        setattr(record(fun), policy, build(name))
         _apply_everywhere(fun)
         return task
 
@@ -109,8 +106,7 @@ def apply_to_task(task: Task) -> None:
     policies = policies_of(task)
     if policies is None:
         return
-    gated = policies.limit is not None or policies.concurrency is not None
-    if gated and task.__dict__.get("Strategy") != _STRATEGY:
+    if policies.gated() and task.__dict__.get("Strategy") != _STRATEGY:
         task._extras_strategy = task.Strategy
         task.Strategy = _STRATEGY
     if policies.retry is not None:

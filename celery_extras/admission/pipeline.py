@@ -41,11 +41,12 @@ class Pipeline:
     def __init__(self, gates: Sequence[Gate]) -> None:
         self.gates = tuple(gates)
         self.chains: dict[str, tuple[Gate, ...]] = {}
+        #: tasks with a gate that hears how each request ended
+        self.heard: set[str] = set()
         self.holds = TimerHolds()
         #: requests in the pool that a gate must hear the end of, by ``id(request)``
         self.admitted: dict[int, Ticket] = {}
         self.epoch = 0  # stop() counts the connections lost
-        self.consumer: Any = None
         self._tick_entry: Any = None
 
     def gate(self, label: str) -> Any:
@@ -58,10 +59,13 @@ class Pipeline:
         for gate in self.gates:
             gate.register(name, policies)
         chain = self.chains[name] = tuple(g for g in self.gates if g.handles(name))
+        if any(gate.hears_endings for gate in chain):
+            self.heard.add(name)
+        else:
+            self.heard.discard(name)
         return bool(chain)
 
     def start(self, consumer: Any) -> None:
-        self.consumer = consumer
         request_hook(consumer).listen(finish=self.finished)
         for gate in self.gates:
             gate.start(self, consumer)
@@ -107,11 +111,11 @@ class Pipeline:
                 assert isinstance(answer, Hold)
                 self._wait(ticket, gate, answer)
                 return
-        self._go(ticket, chain)
+        self._go(ticket)
 
-    def _go(self, ticket: Ticket, chain: tuple[Gate, ...]) -> None:
+    def _go(self, ticket: Ticket) -> None:
         request = ticket.request
-        if any(gate.hears_endings for gate in chain):
+        if ticket.name in self.heard:
             self.admitted[id(request)] = ticket
             request_hook(ticket.consumer).adopt(request)
         compat.task_reserved(request)
@@ -168,6 +172,3 @@ class Pipeline:
                 self.finished(ticket.request)
         for gate in self.gates:
             gate.tick()
-
-    def info(self) -> dict[str, Any]:
-        return {"held": len(self.holds), "running": len(self.admitted)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from celery import Celery, Task
 from celery.local import PromiseProxy, Proxy
@@ -33,6 +33,13 @@ class TaskPolicies:
     limit: LimitSpec | None = None
     retry: RetrySpec | None = None
     concurrency: ConcurrencySpec | None = None
+
+    #: the policies read by a gate of the admission pipeline: a task with any of them
+    #: takes the pipeline's path (its strategy is :func:`~.consumer.admitted_strategy`)
+    GATED: ClassVar[tuple[str, ...]] = ("limit", "concurrency")
+
+    def gated(self) -> bool:
+        return any(getattr(self, policy) is not None for policy in self.GATED)
 
 
 def _function_of_task(task: Task) -> Callable[..., Any] | None:

@@ -42,6 +42,10 @@ def _nothing(*args: Any) -> None:
     pass
 
 
+#: :meth:`RequestHook.listen`'s "leave this listener as it is"
+_KEEP: Any = object()
+
+
 class RequestHook:
     """Hooks requests of one consumer; *finish* and *outcomes* are set by who listens."""
 
@@ -58,18 +62,14 @@ class RequestHook:
 
     # -- listeners -----------------------------------------------------------------------------
 
-    def listen(
-        self,
-        *,
-        finish: Callable[[Any], None] | bool | None = False,
-        outcomes: OutcomeListener | bool | None = False,
-    ) -> None:
-        """Set (or with ``None`` clear) the admission pipeline's *finish* and the stats'
-        *outcomes*; ``False`` leaves one as it is."""
-        if finish is not False:
-            self._finish = finish if callable(finish) else None
-        if outcomes is not False:
-            self._outcomes = outcomes if not isinstance(outcomes, bool) else None
+    def listen(self, *, finish: Any = _KEEP, outcomes: Any = _KEEP) -> None:
+        """Set (or with ``None`` clear) the admission pipeline's *finish*
+        (``finish(request)``) and the stats' *outcomes* (an :class:`OutcomeListener`);
+        one not given stays as it is."""
+        if finish is not _KEEP:
+            self._finish = finish
+        if outcomes is not _KEEP:
+            self._outcomes = outcomes
         self._rebind()
 
     def _rebind(self) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from .core import Claim, Claimed, DelayStore, MemoryDelayStore, Mover, Take, Taken
 from .entry import CLAIM_HEADER, PARKED_HEADER, Entry, due_queue_name, entry_id
+from .memory_store import MemoryDelayStore
+from .mover import Mover
 from .redis_store import RedisDelayStore, delay_keys
+from .store import Claim, Claimed, DelayStore, Take, Taken
 
 __all__ = [
     "CLAIM_HEADER",

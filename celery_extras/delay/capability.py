@@ -13,7 +13,8 @@ from ..capability import Capability
 from ..settings import Setting, boolean, integer, number, optional, settings_of
 from ..store.client import StoreStep, store_url
 from .entry import DUE_SUFFIX, due_queue_name
-from .gate import DELAY_ATTR, ArrivalGate, MoverThread
+from .gate import DELAY_ATTR, ArrivalGate
+from .mover_thread import MoverThread
 from .parking import STORE_ERRORS, Parker, due_queue
 
 __all__ = ["DELAY", "DelayGateStep", "DelayWorkerStep", "delayed", "parking_uses"]

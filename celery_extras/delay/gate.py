@@ -1,27 +1,22 @@
-"""The worker's side of the delay store: the arrival gate and the mover thread.
+"""The worker's arrival path of the delay store: the arrival gate.
 
-* :class:`ArrivalGate` sees every task message before its strategy. A message
-  a mover published (header ``extras_parked``) takes its entry in the store
-  first: a duplicate is acked and dropped, a message whose entry, task or claim
-  token the store does not know is an ordinary message (no booked slot: a
-  forged header buys nothing), and a limited task that took its entry keeps
-  its booked slot for the limits (:meth:`ArrivalGate.pop_slot`). With
-  ``extras_eta_store``, a message whose ETA is further away than
-  ``extras_eta_threshold`` is parked and only then acked. While the store
-  cannot answer, such messages wait in the worker's timer, unacked.
-* :class:`MoverThread` runs one :class:`~.core.Mover` per worker (no leader):
-  it publishes each due entry to the due queue of the queue it came from, a
-  lead time before it is due. Every worker consumes the due queue of each of
-  its queues beside the queue itself, so a released task never waits behind
-  its queue's backlog.
+:class:`ArrivalGate` sees every task message before its strategy. A message a
+mover published (header ``extras_parked``) takes its entry in the store first:
+a duplicate is acked and dropped, a message whose entry, task or claim token
+the store does not know is an ordinary message (no booked slot: a forged header
+buys nothing), and a limited task that took its entry keeps its booked slot for
+the limits (:meth:`ArrivalGate.pop_slot`). With ``extras_eta_store``, a message
+whose ETA is further away than ``extras_eta_threshold`` is parked and only then
+acked. While the store cannot answer, such messages wait in the worker's timer,
+unacked. The mover thread, which publishes the parked entries, is in
+:mod:`.mover_thread`.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,12 +24,11 @@ from celery import Celery
 from celery.utils.time import maybe_iso8601
 
 from ..admission.waits import TimerHolds
-from ..signals import task_released
-from .core import Claim, Mover, Take
-from .entry import CLAIM_HEADER, PARKED_HEADER, Entry
-from .parking import STORE_ERRORS, Parker, due_queue
+from .entry import CLAIM_HEADER, PARKED_HEADER
+from .parking import STORE_ERRORS, Parker
+from .store import Take
 
-__all__ = ["DELAY_ATTR", "ArrivalGate", "MoverThread", "publish_entry"]
+__all__ = ["DELAY_ATTR", "ArrivalGate"]
 
 logger = logging.getLogger(__name__)
 
@@ -201,90 +195,3 @@ class ArrivalGate:
     def info(self) -> dict[str, Any]:
         return {**self.counts, **self.parker.counts, "held_for_store": len(self.holds),
                 "store": "down" if self.parker.down else "ok"}  # fmt: skip
-
-
-def publish_entry(app: Celery, entry: Entry, claim: Claim) -> None:
-    """Publish a claimed entry to the due queue of its queue (or its own route)."""
-    headers = {**entry.headers, PARKED_HEADER: claim.entry_id, CLAIM_HEADER: claim.token}
-    if entry.queue:
-        queue = due_queue(entry.queue)
-        exchange, routing_key, declare = queue.exchange.name, queue.routing_key, [queue]
-    else:
-        exchange, routing_key, declare = entry.exchange, entry.routing_key, []
-    with app.producer_or_acquire() as producer:
-        producer.publish(
-            entry.body,
-            exchange=exchange,
-            routing_key=routing_key,
-            headers=headers,
-            content_type=entry.content_type,
-            content_encoding=entry.content_encoding,
-            declare=declare,
-            retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
-            **entry.properties,
-        )
-
-
-class MoverThread:
-    """Runs a :class:`~.core.Mover` in a daemon thread until :meth:`stop`."""
-
-    def __init__(self, app: Celery, parker: Parker, settings: Mapping[str, Any]) -> None:
-        self.app = app
-        self.parker = parker
-        self.store_retry = float(settings.get("limit_store_retry", 1.0))
-        self.settings = settings
-        self.mover: Mover | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.last_error = ""
-
-    def _make_mover(self) -> Mover:
-        settings, app = self.settings, self.app
-        return Mover(
-            self.parker.store,
-            lambda entry, claim: publish_entry(app, entry, claim),
-            lead=settings["delay_lead"],
-            lease=settings["delay_lease"],
-            recheck=settings["delay_recheck"],
-            batch=settings["delay_batch"],
-            poll=settings["delay_poll"],
-            on_released=self._released,
-        )
-
-    def _released(self, entry: Entry, claim: Claim) -> None:
-        task_released.send(sender=entry.task, task_id=entry.task_id)
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="extras-delay-mover", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                if self.mover is None:
-                    self.mover = self._make_mover()
-                sleep = self.mover.run_once()
-                self.parker.store_answered()
-            except STORE_ERRORS as exc:
-                self.last_error = repr(exc)[:200]
-                self.parker.store_failed("moving due entries", exc)
-                sleep = self.store_retry
-            except Exception as exc:  # the mover must outlive any bug or bad entry
-                self.last_error = repr(exc)[:200]
-                logger.exception("celery-extras: the delay mover failed; it goes on")
-                sleep = self.store_retry
-            self._stop.wait(sleep)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
-            self._thread = None
-
-    def info(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mover": self.mover.info() if self.mover else {}}
-        if self.last_error:
-            out["mover_error"] = self.last_error
-        return out

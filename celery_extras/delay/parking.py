@@ -34,7 +34,6 @@ from ..store.client import (
     store_url,
     store_user,
 )
-from .core import DelayStore
 from .entry import (
     CLAIM_HEADER,
     DUE_SUFFIX,
@@ -45,6 +44,7 @@ from .entry import (
     entry_id,
 )
 from .redis_store import ParkNotReplicated, RedisDelayStore
+from .store import DelayStore
 
 __all__ = [
     "REPLICA_RETRY",

@@ -1,4 +1,4 @@
-"""The delay store on Redis: the rules of :mod:`.core` as atomic Lua scripts.
+"""The delay store on Redis: the rules of :mod:`.store` as atomic Lua scripts.
 
 Four keys, all under one hash tag (``{<prefix>:delay}``) so every script runs on
 one node of a Redis Cluster:
@@ -37,8 +37,8 @@ from redis.exceptions import NoScriptError, RedisClusterException
 
 from ..scripts import load
 from ..store.client import LazyCluster, StoreClient
-from .core import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
 from .entry import Entry
+from .store import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
 
 __all__ = ["ParkNotReplicated", "RedisDelayStore", "delay_keys"]
 
@@ -103,7 +103,7 @@ class ParkNotReplicated(redis.RedisError):
 
 
 class RedisDelayStore:
-    """:class:`~.core.DelayStore` on *client*'s Redis, keys under *prefix*."""
+    """:class:`~.store.DelayStore` on *client*'s Redis, keys under *prefix*."""
 
     def __init__(
         self,

@@ -31,8 +31,8 @@ from celery.exceptions import Ignore, Reject, Retry
 from ..bounds import clamp_wait, shown
 from ..delay.parking import Parker
 from ..settings import settings_of
-from ..store.client import forget_after_fork, redis_client, store_key, store_url
-from ..store.health import OutageLog
+from ..store.client import forget_after_fork, redis_client, store_key, store_url, store_user
+from ..store.health import StoreUser
 from .parking import ParkingProducer
 from .policies import RetryPolicy
 from .redis_failure_memory import redis_counts
@@ -42,8 +42,11 @@ __all__ = ["install_retry", "retry_memory"]
 
 logger = logging.getLogger(__name__)
 
-#: Failure memory's store health in this process: one line per outage, not one per task.
-_outage = OutageLog(logger, "retry failure memory")
+#: What an outage does to the failure memory, as its outage lines say it.
+_NOT_FORGOTTEN = "failures are not forgotten until it answers (they expire)"
+_OWN_RETRY_NUMBER = "retries wait the policy's wait for their retry number until it answers"
+_EITHER = ("retries wait the policy's wait for their retry number, and failures are not "
+           "forgotten (they expire), until it answers")  # fmt: skip
 _bound: weakref.WeakKeyDictionary[Celery, dict[str, RetryPolicy]] = weakref.WeakKeyDictionary()
 _parkers: weakref.WeakKeyDictionary[Celery, tuple[float, Parker]] = weakref.WeakKeyDictionary()
 forget_after_fork(_bound, _parkers)  # they hold store clients
@@ -78,13 +81,22 @@ def _item(task: Task, spec: RetrySpec, args: tuple[Any, ...], kwargs: dict[str, 
     return str(task.request.id)
 
 
+def _memory_store(app: Celery) -> StoreUser:
+    """The failure memory's view of *app*'s store in this process (a pool process has its
+    own): one line per outage, not one per task, and no call while it backs off."""
+    return store_user(app, logger, "retry failure memory", _EITHER)
+
+
 def _forget(task: Task, spec: RetrySpec, item: str) -> None:
+    store = _memory_store(task.app)
+    if not store.up():
+        return
     try:
         _bound_policy(task.app, task.name, spec).forget(item)
     except Exception as exc:  # the store's trouble must not fail a task that succeeded
-        _outage.failed(exc, "failures are not forgotten until it answers (they expire)")
+        store.failed(exc, _NOT_FORGOTTEN)
     else:
-        _outage.ok()
+        store.answered()
 
 
 class _RetriesSoFar:
@@ -105,15 +117,18 @@ class _RetriesSoFar:
 
 
 def _countdown(task: Task, spec: RetrySpec, item: str) -> float:
-    try:
-        wait = _bound_policy(task.app, task.name, spec).when(item)
-    except Exception as exc:  # unreachable, wrong-type key, garbage count
-        _outage.failed(exc, "retries wait the policy's wait for their retry number until it "
-                       "answers")  # fmt: skip
+    store = _memory_store(task.app)
+    wait: float | None = None
+    if store.up():
+        try:
+            wait = _bound_policy(task.app, task.name, spec).when(item)
+        except Exception as exc:  # unreachable, wrong-type key, garbage count
+            store.failed(exc, _OWN_RETRY_NUMBER)
+        else:
+            store.answered()
+    if wait is None:
         counts = _RetriesSoFar(int(task.request.retries or 0))
         wait = spec.policy.bind(lambda path: counts).when(item)
-    else:
-        _outage.ok()
     return clamp_wait(wait)
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,14 +42,14 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 
 from . import gauges
-from .listener import DONE, Listener, LiveState
+from .listener import DONE, LiveState
 from .schema import TaskFigures, merge_workers
 from .text import printable, window_label
 
 if TYPE_CHECKING:
-    from .prometheus import ThroughputCollector
+    from .prometheus import FlowerMetrics
 
-__all__ = ["FlowerExtras", "LiveState", "in_flower", "page_data", "readable"]
+__all__ = ["LiveState", "in_flower", "page_data", "readable"]
 
 logger = logging.getLogger(__name__)
 
@@ -233,18 +232,9 @@ def readable(name: str, value: Any) -> str:
 # --- wiring into Flower -----------------------------------------------------------------
 
 
-@dataclass
-class FlowerExtras:
-    """What :func:`in_flower` set up in this process."""
-
-    app: Celery
-    state: LiveState
-    listener: Listener
-    collector: ThroughputCollector
-    page: bool
-
-
-_installed: FlowerExtras | None = None
+#: What :func:`in_flower` set up in this process, with the page (``None``: not yet).
+_installed: FlowerMetrics | None = None
+_page_added = False
 _lock = threading.Lock()
 
 _NAV_ITEM = (
@@ -294,7 +284,7 @@ def _loader_class() -> type:
     return ExtrasLoader
 
 
-def _handler_classes(extras: FlowerExtras) -> list[Any]:
+def _handler_classes(extras: FlowerMetrics) -> list[Any]:
     from flower.views import BaseHandler
     from tornado import web
 
@@ -312,7 +302,7 @@ def _handler_classes(extras: FlowerExtras) -> list[Any]:
     return [web.url(r"/extras", ExtrasView, name="extras"), (r"/extras/data", ExtrasData)]
 
 
-def _add_page(extras: FlowerExtras) -> None:
+def _add_page(extras: FlowerMetrics) -> None:
     from flower import urls
 
     handlers: list[Any] = urls.handlers
@@ -326,23 +316,20 @@ def _add_page(extras: FlowerExtras) -> None:
     )
 
 
-def in_flower(app: Celery | None = None, page: bool = True) -> FlowerExtras:
+def in_flower(app: Celery | None = None, page: bool = True) -> FlowerMetrics:
     """For ``flowerconfig.py``: the ``/extras`` page (unless *page* is false) and the metrics.
 
     Idempotent: a second call returns what the first set up. The metrics are
     :func:`.prometheus.flower_metrics`' (``prometheus-client``, an extra, is
     imported only here).
     """
-    global _installed
+    global _installed, _page_added
     from .prometheus import flower_metrics
 
     with _lock:
         if _installed is None:
-            metrics = flower_metrics(app)
-            _installed = FlowerExtras(
-                metrics.app, metrics.state, metrics.listener, metrics.collector, page=False
-            )
-        if page and not _installed.page:
+            _installed = flower_metrics(app)
+        if page and not _page_added:
             _add_page(_installed)
-            _installed.page = True
+            _page_added = True
         return _installed

@@ -45,7 +45,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..settings import KEY_PREFIX, REDIS_OPTIONS, REDIS_URL, STORE_ALLOW_EVICTION, settings_of
-from .health import StoreHealth, StoreUser
+from .health import StoreHealth, StoreUnavailable, StoreUser
 from .safety import REFRESH, StoreSafety
 
 __all__ = [
@@ -108,10 +108,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class StoreUnavailable(RuntimeError):
-    """No Redis is configured for the shared store."""
 
 
 def _as_redis_url(url: Any) -> str | None:

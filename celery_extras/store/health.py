@@ -19,7 +19,15 @@ import redis
 
 from ..bounds import cut
 
-__all__ = ["OutageLog", "StoreHealth", "StoreUser", "answered_with_error", "store_text"]
+__all__ = [
+    "UNREACHABLE",
+    "OutageLog",
+    "StoreHealth",
+    "StoreUnavailable",
+    "StoreUser",
+    "answered_with_error",
+    "store_text",
+]
 
 
 def store_text(exc: BaseException, limit: int = 300) -> str:
@@ -72,10 +80,19 @@ class OutageLog:
         )  # fmt: skip
 
 
+class StoreUnavailable(RuntimeError):
+    """No Redis is configured for the shared store."""
+
+
+#: Errors meaning the store could not be reached: every user of it backs off.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError, StoreUnavailable)
+
+
 def answered_with_error(exc: BaseException) -> bool:
-    """``True`` when the store itself answered *exc* (a script error, a key of the wrong
-    type, a write refused for memory): the store is up, this one call failed."""
-    return isinstance(exc, redis.ResponseError)
+    """``True`` unless *exc* says the store could not be reached: the store answered (a
+    script error, a key of the wrong type, a write refused for memory, a reply this
+    version cannot read), so only the call's own user backs off."""
+    return not isinstance(exc, UNREACHABLE)
 
 
 class StoreHealth:

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import redis
 
-from celery_extras.delay.core import DelayStore, MemoryDelayStore, Take
+from celery_extras.delay.memory_store import MemoryDelayStore
 from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
+from celery_extras.delay.store import DelayStore, Take
 from celery_extras.store.client import connect
 from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.topology import RedisClusterTopology

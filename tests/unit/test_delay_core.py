@@ -9,8 +9,10 @@ import itertools
 
 import pytest
 
-from celery_extras.delay.core import Claim, MemoryDelayStore, Mover, Take
 from celery_extras.delay.entry import Entry, entry_id
+from celery_extras.delay.memory_store import MemoryDelayStore
+from celery_extras.delay.mover import Mover
+from celery_extras.delay.store import Claim, Take
 from tests.support.clock import FakeClock
 
 

@@ -136,8 +136,8 @@ def test_extras_sync_hello_answers_any_arguments_within_its_budget(
 @given(body=JSON)
 def test_a_hello_reply_of_any_shape_is_merged_or_dropped(state: Any, body: Any) -> None:
     syncer: Syncer = getattr(state.consumer, SYNCER_ATTR)
-    syncer.on_reply(body)
-    syncer.on_reply({"other@host": body})
+    syncer.hello.on_reply(body)
+    syncer.hello.on_reply({"other@host": body})
     syncer.drain()
 
 

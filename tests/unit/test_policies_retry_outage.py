@@ -12,13 +12,13 @@ from types import SimpleNamespace
 import pytest
 from celery import Celery
 
-from celery_extras import ExponentialBackoff
+from celery_extras import ExponentialBackoff, install
 from celery_extras.retries.hook import _countdown
 from celery_extras.retries.spec import RetrySpec
 
 
 def test_waits_back_off_on_request_retries_while_the_store_is_down() -> None:
-    app = Celery("unit-retry-outage", broker="memory://", set_as_current=False)
+    app = install(Celery("unit-retry-outage", broker="memory://", set_as_current=False))
     app.conf.extras_redis_url = "redis://127.0.0.1:1/0"  # nothing listens there
     spec = RetrySpec(on=(ValueError,), policy=ExponentialBackoff(0.2, 5), max_retries=None,
                      per_item=False, key=None)  # fmt: skip

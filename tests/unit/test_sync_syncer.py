@@ -16,6 +16,7 @@ from celery import Celery
 from celery.utils.collections import LimitedSet
 
 from celery_extras import install
+from celery_extras.store.client import store_health
 from celery_extras.sync.control import HELLO_REPLY_BYTES, within_bytes
 from celery_extras.sync.digest import Pull, Version, plan_pull
 from celery_extras.sync.entries import Parsed
@@ -79,7 +80,7 @@ class FakeStore:
 
 def cycle(syncer: Syncer) -> None:
     """One round on the sync thread, while this thread merges what it hands over."""
-    thread = threading.Thread(target=syncer.cycle)
+    thread = threading.Thread(target=syncer.anti_entropy.cycle)
     thread.start()
     while thread.is_alive():
         syncer.drain()
@@ -92,13 +93,13 @@ def syncer() -> Syncer:
     app = install(Celery("t", broker="redis://127.0.0.1:1/0", set_as_current=False))
     revokes = WorkerRevokes(LimitedSet(maxlen=1000, expires=100.0), {}, 100.0)
     sync = Syncer(app, "me@host", revokes, SETTINGS)
-    sync.store = FakeStore()  # type: ignore[assignment]
+    sync.anti_entropy.store = FakeStore()  # type: ignore[assignment]
     return sync
 
 
 def store_of(syncer: Syncer) -> FakeStore:
-    assert isinstance(syncer.store, FakeStore)
-    return syncer.store
+    assert isinstance(syncer.anti_entropy.store, FakeStore)
+    return syncer.anti_entropy.store
 
 
 def test_cycle_pulls_only_when_the_version_moved_and_only_the_changes(syncer: Syncer) -> None:
@@ -131,7 +132,7 @@ def test_a_pull_is_handed_over_a_page_at_a_time_and_resumed_from_its_cursor(
     expiry = time.time() + 50
     store.ids = {f"id{i}": expiry for i in range(5)}
     store.version, store.page_size = Version("e", 5), 2
-    syncer.cycle()  # nobody merges: one page is queued, and the round gives up on the rest
+    syncer.anti_entropy.cycle()  # nobody merges: one page is queued, the round gives up the rest
     assert syncer.inbox.qsize() == 1 and store.pulls == [0, 0]
     syncer.drain()
     assert set(syncer.revokes.revoked) == {"id0", "id1"}
@@ -146,7 +147,8 @@ def test_a_pull_is_handed_over_a_page_at_a_time_and_resumed_from_its_cursor(
     cycle(syncer)  # on from the cursor (seq 2), a page at a time
     assert store.pulls == [0, 0, 2] and queued == [0, 0]
     assert set(syncer.revokes.revoked) == {f"id{i}" for i in range(5)}
-    assert syncer.cursor is not None and syncer.cursor.shards[0] == Version("e", 5)
+    cursor = syncer.anti_entropy.cursor
+    assert cursor is not None and cursor.shards[0] == Version("e", 5)
 
 
 def test_a_burst_of_revokes_hands_freed_memory_back_once(
@@ -187,7 +189,9 @@ def test_store_outage_keeps_pending_pushes_and_recovers(
         syncer.collect()
         cycle(syncer)
         cycle(syncer)
-    assert "unreachable" in caplog.text and syncer.info()["store"] == "down"
+    failed = "celery-extras: revoke store: the store failed (ConnectionError: store down)"
+    assert caplog.text.count(failed) == 1 and syncer.info()["store"] == "down"
+    assert "the worker starts without the durable revokes" in caplog.text
     store.down = False
     store.ids = {"stored": time.time() + 50}
     store.version = Version("e", 1)
@@ -195,18 +199,36 @@ def test_store_outage_keeps_pending_pushes_and_recovers(
     syncer.drain()
     assert [list(ids) for ids in store.added] == [["heard"]]
     assert "stored" in syncer.revokes.revoked
-    assert "reachable again" in caplog.text and syncer.info()["store"] == "ok"
+    back = "celery-extras: revoke store: the store answers again after"
+    assert back in caplog.text and syncer.info()["store"] == "ok"
+
+
+def test_a_reply_the_worker_cannot_read_is_a_store_error_not_an_outage(
+    syncer: Syncer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other users of the store do not back off: it answers."""
+    store = store_of(syncer)
+    syncer.load()
+
+    def garbage(clock: int = 0) -> Any:
+        raise ValueError("not a version")
+
+    monkeypatch.setattr(store, "probe", garbage)
+    cycle(syncer)
+    info = syncer.info()
+    assert info["store"] == "error" and "ValueError: not a version" in info["store_error"]
+    assert store_health(syncer.app).reachable()
 
 
 def test_neighbour_replies_are_validated_bounded_and_merged(
     syncer: Syncer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    syncer.on_reply({"n1@host": {"clock": 900, "revoked": ["a", 7, "b", "c", "d"],
+    syncer.hello.on_reply({"n1@host": {"clock": 900, "revoked": ["a", 7, "b", "c", "d"],
                                  "stamps": [["h", "v"], ["bad"]]}})  # fmt: skip
-    syncer.on_reply({"n2@host": {"clock": "not a clock", "revoked": "not a list"}})
-    syncer.on_reply({"n3@host": "garbage"})
-    syncer.on_reply(["not", "a", "dict"])
-    syncer.on_reply({"me@host": {"clock": 10**9}})  # our own reply is ignored
+    syncer.hello.on_reply({"n2@host": {"clock": "not a clock", "revoked": "not a list"}})
+    syncer.hello.on_reply({"n3@host": "garbage"})
+    syncer.hello.on_reply(["not", "a", "dict"])
+    syncer.hello.on_reply({"me@host": {"clock": 10**9}})  # our own reply is ignored
     with caplog.at_level(logging.WARNING):
         syncer.drain()
     assert syncer.app.clock.value == 901

@@ -1,0 +1,119 @@
+"""The delay store in one process's memory, on an injectable clock.
+
+:class:`MemoryDelayStore` implements the rules of :mod:`.store` (park, claim,
+release, take) in a dict. It is the reference the Redis scripts
+(:class:`~.redis_store.RedisDelayStore`) are tested against, and the store of
+the unit tests. No Celery import.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .entry import Entry
+from .store import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
+
+__all__ = ["MemoryDelayStore"]
+
+
+def _until(at: float, now: float) -> float:
+    """Seconds from *now* to *at*, to the microsecond: ``(now + d) - now`` in floating point
+    can exceed *d* (a 30 s lease read back as 30.000000000000455 s)."""
+    return round(at - now, 6)
+
+
+@dataclass
+class _Record:
+    task_id: str
+    name: str
+    kind: str
+    due: float
+    score: float
+    raw: str | None
+    tokens: list[str] = field(default_factory=list)
+    taken_by: str | None = None
+    taken_at: float = 0.0
+
+
+class MemoryDelayStore:
+    """The rules above in one process's memory, on *clock* (seconds)."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, tombstone_ttl: float = 86400.0
+    ) -> None:
+        self.clock = clock
+        self.tombstone_ttl = tombstone_ttl
+        self.records: dict[str, _Record] = {}
+
+    def park(self, entry_id: str, entry: Entry, delay: float) -> bool:
+        if entry_id in self.records:
+            return False
+        due = self.clock() + max(0.0, delay)
+        self.records[entry_id] = _Record(
+            entry.task_id, entry.task, entry.kind, due, due, entry.dumps()
+        )
+        return True
+
+    def _prune(self, now: float) -> None:
+        for entry_id in [
+            i for i, r in self.records.items()
+            if r.taken_by is not None and r.taken_at <= now - self.tombstone_ttl
+        ]:  # fmt: skip
+            del self.records[entry_id]
+
+    def claim(self, lead: float, lease: float, tokens: list[str]) -> Claimed:
+        now = self.clock()
+        waiting = sorted((r.score, i) for i, r in self.records.items() if r.taken_by is None)
+        items: list[Claim] = []
+        for score, entry_id in waiting:
+            if len(items) >= len(tokens) or score > now + lead:
+                break
+            record = self.records[entry_id]
+            token = tokens[len(items)]
+            record.tokens = [*record.tokens, token][-MAX_TOKENS:]
+            record.score = now + lease
+            assert record.raw is not None
+            items.append(
+                Claim(entry_id, token, len(record.tokens), record.raw, _until(record.due, now))
+            )
+        self._prune(now)
+        scores = [r.score for r in self.records.values() if r.taken_by is None]
+        return Claimed(items, _until(min(scores), now) if scores else None)
+
+    def release(self, entry_id: str, token: str, recheck: float) -> bool:
+        record = self.records.get(entry_id)
+        if record is None or record.taken_by is not None or record.tokens[-1:] != [token]:
+            return False
+        record.score = self.clock() + recheck
+        return True
+
+    def take(self, entry_id: str, task_id: str, token: str) -> Taken:
+        record = self.records.get(entry_id)
+        if record is None or record.task_id != task_id or token not in record.tokens:
+            return Taken(Take.UNKNOWN)
+        now = self.clock()
+        if record.taken_by is not None:
+            if record.taken_by == token:
+                return Taken(Take.REDELIVERED, _until(record.due, now), record.kind)
+            return Taken(Take.DUPLICATE, _until(record.due, now), record.kind)
+        record.taken_by, record.taken_at, record.raw = token, now, None
+        return Taken(Take.TAKEN, _until(record.due, now), record.kind)
+
+    def discard(self, entry_id: str) -> None:
+        self.records.pop(entry_id, None)
+
+    def depth(self) -> int:
+        return sum(1 for r in self.records.values() if r.taken_by is None)
+
+    def summary(self) -> dict[str, TaskSummary]:
+        now = self.clock()
+        out: dict[str, TaskSummary] = {}
+        for record in self.records.values():
+            if record.taken_by is None:
+                entry = out.setdefault(record.name, TaskSummary())
+                entry.parked += 1
+                due_in = _until(record.due, now)
+                entry.next_in = due_in if entry.next_in is None else min(entry.next_in, due_in)
+        return out

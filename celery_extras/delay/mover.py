@@ -1,0 +1,98 @@
+"""The mover: the loop every worker runs to publish the due entries of a delay store.
+
+Each turn claims the entries due within a lead time, publishes each one through
+a callable it is given and releases it; an entry it cannot publish stays
+claimed and is claimed again when its lease ends. No Celery import: the thread
+that runs it and the publishing are in :mod:`.mover_thread`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from .entry import Entry
+from .store import Claim, DelayStore
+
+__all__ = ["Mover"]
+
+#: Named after the module the mover came from, so logging set-ups keep working.
+logger = logging.getLogger("celery_extras.delay.core")
+
+
+class Mover:
+    """One worker's mover: claims due entries, publishes them, releases them.
+
+    *publish* sends one claimed entry (``Entry``, entry id, token) to its queue and
+    raises when it cannot; the entry is then left claimed, and claimed again when
+    its lease ends. :meth:`run_once` returns how long to sleep before the next turn.
+    """
+
+    def __init__(
+        self,
+        store: DelayStore,
+        publish: Callable[[Entry, Claim], None],
+        *,
+        lead: float = 1.0,
+        lease: float = 10.0,
+        recheck: float = 600.0,
+        batch: int = 100,
+        poll: float = 0.5,
+        on_released: Callable[[Entry, Claim], None] | None = None,
+        new_token: Callable[[], str] = lambda: secrets.token_hex(16),
+    ) -> None:
+        self.store = store
+        self.publish = publish
+        self.lead = lead
+        self.lease = lease
+        self.recheck = recheck
+        self.batch = batch
+        self.poll = poll
+        self.on_released = on_released
+        self.new_token = new_token
+        self.counts = {"claimed": 0, "released": 0, "publish_errors": 0, "invalid": 0}
+        self.broker_down = False
+
+    def run_once(self) -> float:
+        """One turn; seconds to sleep before the next. Store errors propagate."""
+        claimed = self.store.claim(self.lead, self.lease, [self.new_token() for _ in
+                                                            range(self.batch)])  # fmt: skip
+        self.counts["claimed"] += len(claimed.items)
+        for claim in claimed.items:
+            try:
+                entry = Entry.loads(claim.raw)
+            except ValueError as exc:
+                self.counts["invalid"] += 1
+                logger.error("celery-extras: dropping delay entry %s: %s", claim.entry_id, exc)
+                self.store.discard(claim.entry_id)
+                continue
+            try:
+                self.publish(entry, claim)
+            except Exception as exc:
+                self.counts["publish_errors"] += 1
+                if not self.broker_down:
+                    self.broker_down = True
+                    logger.warning(
+                        "celery-extras: the delay mover cannot publish (%r, %s[%s]); claimed "
+                        "entries are claimed again when their lease of %.0f s ends (logged "
+                        "once per outage)",
+                        exc, entry.task, entry.task_id, self.lease,
+                    )  # fmt: skip
+                return self.poll  # the rest of the batch waits for its lease too
+            if self.broker_down:
+                self.broker_down = False
+                logger.warning("celery-extras: the delay mover publishes again")
+            self.store.release(claim.entry_id, claim.token, self.recheck)
+            self.counts["released"] += 1
+            if self.on_released is not None:
+                self.on_released(entry, claim)
+        if len(claimed.items) >= self.batch:
+            return 0.0
+        if claimed.next_in is None:
+            return self.poll
+        return min(self.poll, max(0.0, claimed.next_in - self.lead))
+
+    def info(self) -> dict[str, Any]:
+        return dict(self.counts)

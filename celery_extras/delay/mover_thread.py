@@ -1,0 +1,115 @@
+"""The worker's mover thread: it runs one :class:`~.mover.Mover` per worker (no leader).
+
+:class:`MoverThread` publishes each due entry (:func:`publish_entry`) to the due
+queue of the queue it came from, a lead time before it is due. Every worker
+consumes the due queue of each of its queues beside the queue itself, so a
+released task never waits behind its queue's backlog. While the store cannot
+answer, the thread waits ``extras_limit_store_retry`` seconds and tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery
+
+from ..signals import task_released
+from .entry import CLAIM_HEADER, PARKED_HEADER, Entry
+from .mover import Mover
+from .parking import STORE_ERRORS, Parker, due_queue
+from .store import Claim
+
+__all__ = ["MoverThread", "publish_entry"]
+
+#: Named after the module the thread came from, so logging set-ups keep working.
+logger = logging.getLogger("celery_extras.delay.gate")
+
+
+def publish_entry(app: Celery, entry: Entry, claim: Claim) -> None:
+    """Publish a claimed entry to the due queue of its queue (or its own route)."""
+    headers = {**entry.headers, PARKED_HEADER: claim.entry_id, CLAIM_HEADER: claim.token}
+    if entry.queue:
+        queue = due_queue(entry.queue)
+        exchange, routing_key, declare = queue.exchange.name, queue.routing_key, [queue]
+    else:
+        exchange, routing_key, declare = entry.exchange, entry.routing_key, []
+    with app.producer_or_acquire() as producer:
+        producer.publish(
+            entry.body,
+            exchange=exchange,
+            routing_key=routing_key,
+            headers=headers,
+            content_type=entry.content_type,
+            content_encoding=entry.content_encoding,
+            declare=declare,
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+            **entry.properties,
+        )
+
+
+class MoverThread:
+    """Runs a :class:`~.mover.Mover` in a daemon thread until :meth:`stop`."""
+
+    def __init__(self, app: Celery, parker: Parker, settings: Mapping[str, Any]) -> None:
+        self.app = app
+        self.parker = parker
+        self.store_retry = float(settings.get("limit_store_retry", 1.0))
+        self.settings = settings
+        self.mover: Mover | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error = ""
+
+    def _make_mover(self) -> Mover:
+        settings, app = self.settings, self.app
+        return Mover(
+            self.parker.store,
+            lambda entry, claim: publish_entry(app, entry, claim),
+            lead=settings["delay_lead"],
+            lease=settings["delay_lease"],
+            recheck=settings["delay_recheck"],
+            batch=settings["delay_batch"],
+            poll=settings["delay_poll"],
+            on_released=self._released,
+        )
+
+    def _released(self, entry: Entry, claim: Claim) -> None:
+        task_released.send(sender=entry.task, task_id=entry.task_id)
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="extras-delay-mover", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.mover is None:
+                    self.mover = self._make_mover()
+                sleep = self.mover.run_once()
+                self.parker.store_answered()
+            except STORE_ERRORS as exc:
+                self.last_error = repr(exc)[:200]
+                self.parker.store_failed("moving due entries", exc)
+                sleep = self.store_retry
+            except Exception as exc:  # the mover must outlive any bug or bad entry
+                self.last_error = repr(exc)[:200]
+                logger.exception("celery-extras: the delay mover failed; it goes on")
+                sleep = self.store_retry
+            self._stop.wait(sleep)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+
+    def info(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mover": self.mover.info() if self.mover else {}}
+        if self.last_error:
+            out["mover_error"] = self.last_error
+        return out

@@ -1,0 +1,114 @@
+"""The delay store's interface and rules: park, claim, release, take.
+
+This is client-go's DelayingQueue for messages, split so that no worker keeps a
+waiting message in memory and no leader is needed:
+
+* **park** stores a whole message with the time it is due. Parking the same
+  entry id again changes nothing (the id is derived from the message, so a
+  message delivered twice is parked once).
+* **claim** hands each due entry (due within *lead* seconds) to one mover with
+  a fresh claim token and a lease: until the lease ends no other mover gets it;
+  after that (the mover died) any mover claims it again, with another token.
+* **release** tells the store that the claimed entry was published. The entry
+  stays until a worker *takes* it; if none has after *recheck* seconds (the
+  broker lost the message), it is due again and published again.
+* **take** is what a worker does with a published message before running it.
+  The first message of an entry, carrying a token the store issued, takes it
+  and learns how far away its due time is (its booked slot); the same message
+  delivered again takes it again (``REDELIVERED``); any other copy (published
+  twice because a mover died between publishing and releasing) is a
+  ``DUPLICATE`` and is dropped; a message naming no entry, the wrong task or a
+  token the store never issued is ``UNKNOWN``: it is an ordinary message, with
+  no booked slot. Taken entries leave a small tombstone for *tombstone_ttl*.
+
+This module holds the interface: :class:`DelayStore` and the results its
+methods return. :class:`~.memory_store.MemoryDelayStore` implements the rules
+in a dict and is the reference the Redis scripts
+(:class:`~.redis_store.RedisDelayStore`) are tested against;
+:class:`~.mover.Mover` is the loop every worker runs. No Celery import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Protocol
+
+from .entry import Entry
+
+__all__ = ["MAX_TOKENS", "Claim", "Claimed", "DelayStore", "Take", "Taken", "TaskSummary"]
+
+
+class Take(IntEnum):
+    """What a worker learns when it takes the entry a message names."""
+
+    UNKNOWN = 0  # no such entry, wrong task or token: an ordinary message, no booked slot
+    TAKEN = 1  # first message of the entry: run it (in its slot, for a limited task)
+    REDELIVERED = 2  # the message that took it, delivered again: run it (slot passed)
+    DUPLICATE = 3  # another copy of a taken entry: drop it
+
+
+@dataclass(frozen=True)
+class Taken:
+    status: Take
+    due_in: float = 0.0  # seconds from now to the entry's due time (negative: passed)
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One entry handed to a mover: publish ``raw`` (an :class:`Entry`) under ``token``."""
+
+    entry_id: str
+    token: str
+    attempt: int
+    raw: str
+    due_in: float
+
+
+@dataclass(frozen=True)
+class Claimed:
+    items: list[Claim]
+    next_in: float | None  # seconds until the next entry is due (None: store empty)
+
+
+@dataclass
+class TaskSummary:
+    parked: int = 0
+    next_in: float | None = None
+
+
+class DelayStore(Protocol):
+    """What the glue and the movers need from a delay store (Redis or memory)."""
+
+    def park(self, entry_id: str, entry: Entry, delay: float) -> bool:
+        """Store *entry* due in *delay* seconds; ``False`` if the id is known already."""
+        ...
+
+    def claim(self, lead: float, lease: float, tokens: list[str]) -> Claimed:
+        """Claim up to ``len(tokens)`` entries due within *lead* seconds, one token each."""
+        ...
+
+    def release(self, entry_id: str, token: str, recheck: float) -> bool:
+        """The claim *token* of *entry_id* was published; re-publish after *recheck* s."""
+        ...
+
+    def take(self, entry_id: str, task_id: str, token: str) -> Taken:
+        """A worker received the message published under *token* for *entry_id*."""
+        ...
+
+    def discard(self, entry_id: str) -> None:
+        """Drop an entry that cannot be published (it is not valid)."""
+        ...
+
+    def depth(self) -> int:
+        """Entries parked and not yet taken."""
+        ...
+
+    def summary(self) -> dict[str, TaskSummary]:
+        """Parked entries per task name, with the time until the next is due."""
+        ...
+
+
+#: Most claim tokens an entry remembers (each claim adds one; a later one re-publishes).
+MAX_TOKENS = 32
