@@ -66,7 +66,9 @@ class Pipeline:
         return bool(chain)
 
     def start(self, consumer: Any) -> None:
-        request_hook(consumer).listen(finish=self.finished)
+        hook = request_hook(consumer)
+        hook.listen(finish=self.finished)
+        hook.forget()  # the request classes of the strategies Celery built for a lost connection
         for gate in self.gates:
             gate.start(self, consumer)
         if self._tick_entry is None:

@@ -107,6 +107,9 @@ class ArrivalGate:
         """``True`` when the gate dealt with *message* (dropped, parked or holding it)."""
         headers = message.headers
         if PARKED_HEADER in headers:
+            if not self.parker.health.up():  # the store failed a moment ago: ask it later
+                self._wait_for_store(consumer, name, message, ack)
+                return True
             try:
                 verdict = self.verify(name, headers)
             except STORE_ERRORS as exc:

@@ -211,6 +211,9 @@ class Parker:
         keeps the message.
         """
         start = time.monotonic()
+        if not self.health.up():  # the store failed a moment ago: keep the message, at once
+            self.counts["park_errors"] += 1
+            return False
         refusal = self.safety.refusal()
         if refusal is not None:  # full (a write refused for memory), or it may evict parks
             self.counts["park_errors" if refusal == "full" else "park_refused"] += 1

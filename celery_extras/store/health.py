@@ -138,7 +138,7 @@ class StoreUser:
     ) -> None:
         self.health = health
         self.consequence = consequence
-        self.log = OutageLog(logger, what)
+        self.log = OutageLog(logger, what, health.clock)
         self.until = 0.0
         self.errors = 0
 

@@ -258,3 +258,42 @@ def test_bad_values_are_refused_naming_the_setting(key: str, value: Any) -> None
     app.conf[key] = value
     with pytest.raises(ImproperlyConfigured, match=key):
         settings_of(app)
+
+
+class DownStore:
+    """A delay store that cannot be reached until :attr:`ok`; counts the parks asked."""
+
+    def __init__(self) -> None:
+        self.ok = False
+        self.parks = 0
+
+    def park(self, entry_id: str, entry: Any, delay: float) -> bool:
+        self.parks += 1
+        if not self.ok:
+            raise redis.ConnectionError("Error 111 connecting to localhost:1. Connection refused.")
+        return True
+
+
+def test_parks_in_an_outage_ask_the_store_once_per_retry_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store's back-off (``extras_limit_store_retry``, shared by every user of the store
+    in the process) holds parks at once instead of a failed call each."""
+    clock = FakeClock()
+    parker = Parker(app_with(broker_url="redis://localhost:1/0", extras_limit_store_retry=2.0),
+                    clock=clock)  # fmt: skip
+    store = parker._store = DownStore()  # type: ignore[assignment]
+    parker.safety.refusal = lambda: None  # type: ignore[method-assign]  # no INFO to read
+    caplog.set_level(logging.WARNING, "celery_extras.delay.parking")
+    results = [parker.park(f"e{i}", make_entry(f"t{i}"), 60.0) for i in range(5)]
+    assert results == [False] * 5 and store.parks == 1 and parker.counts["park_errors"] == 5
+    clock.now += 1.9
+    assert parker.park("e5", make_entry("t5"), 60.0) is False and store.parks == 1
+    clock.now += 0.1
+    store.ok = True
+    assert parker.park("e6", make_entry("t6"), 60.0) is True and store.parks == 2
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(" (")[0] for line in lines] == [
+        "celery-extras: delay store: the store failed",
+        "celery-extras: delay store: the store answers again after 2.0 s",
+    ]

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery.worker import state as worker_state
 
 import celery_extras
 from celery_extras.admission import pipeline as pipeline_module
@@ -29,6 +28,7 @@ from celery_extras.limits.rate import MIN_RATE
 from celery_extras.limits.spec import LimitSpec
 from celery_extras.limits.token_bucket import TokenBucket
 from celery_extras.signals import task_rate_limited
+from tests.support import worker_state as worker_state_support
 from tests.support.clock import FakeClock
 
 SETTINGS = {"limit_max_hold": 2.0, "limit_on_store_error": "local", "limit_store_retry": 1.0}
@@ -101,9 +101,7 @@ def limits() -> Iterator[tuple[Pipeline, LimitGate, FakeClock]]:
     pipeline.register("t_half", limited(LimitSpec(0.5, 1, "worker", None, "30/m")))
     yield pipeline, gate, clock
     pipeline.stop()
-    worker_state.requests.clear()
-    worker_state.reserved_requests.clear()
-    worker_state.scheduled_requests.clear()
+    worker_state_support.clear()
 
 
 def test_late_tolerance_is_half_an_interval_within_floor_and_cap(limits: Any) -> None:

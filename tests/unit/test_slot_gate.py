@@ -20,6 +20,7 @@ from celery_extras.admission.registry import TaskPolicies, policies_of
 from celery_extras.concurrency.gate import SlotGate
 from celery_extras.concurrency.slot_table import SlotTable, WaitQueues
 from celery_extras.concurrency.spec import ConcurrencySpec
+from tests.support import worker_state as worker_state_support
 from tests.support.clock import FakeClock
 
 
@@ -220,9 +221,7 @@ class Slots:
 
     def stop(self) -> None:
         self.pipeline.stop()
-        worker_state.requests.clear()
-        worker_state.reserved_requests.clear()
-        worker_state.scheduled_requests.clear()
+        worker_state_support.clear()
 
 
 def store_down_app() -> Celery:
