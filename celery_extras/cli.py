@@ -165,7 +165,7 @@ def _show_limits(shown: dict[str, Any], only: str | None) -> None:
 @click.pass_context
 def concurrency_command(ctx: click.Context, task_name: str, n: int | None, reset: bool) -> None:
     """Change the concurrency() cap of TASK_NAME to N on every worker (within a second)."""
-    from .limits.control import set_concurrency
+    from .concurrency.control import set_concurrency
 
     if (n is None) != reset:
         raise click.UsageError("give N (tasks at once) or --reset, not both")

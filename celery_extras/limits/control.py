@@ -1,5 +1,4 @@
-"""``celery extras limit TASK RATE`` and ``celery extras concurrency TASK N``: change a
-limit or a concurrency cap at run time, cluster-wide.
+"""``celery extras limit TASK RATE``: change a limit at run time, cluster-wide.
 
 The new rate is written to the store (global buckets read it on every acquire;
 workers started later load it) and broadcast to the running workers with the
@@ -7,9 +6,7 @@ workers started later load it) and broadcast to the running workers with the
 ``--reset`` removes it from the store and, with ``extras_limit_reset``, from the
 running workers; ``--show`` lists what is stored and what each worker applies.
 A task that no worker limits (and whose app declares no ``limit()``) is refused:
-a stored rate would silently wait for it forever. A new concurrency cap is
-written to the store's ``<prefix>:concurrency`` hash, which every worker reads
-at most every second, for global and worker-scope slots alike.
+a stored rate would silently wait for it forever.
 """
 
 from __future__ import annotations
@@ -22,10 +19,6 @@ from celery.worker.control import control_command, ok
 from celery.worker.control import nok as not_ok
 
 from ..admission.pipeline import PIPELINE_ATTR
-from ..bounds import shown
-from ..checks import is_int
-from ..concurrency.redis_slots import RedisSlots
-from ..concurrency.spec import MAX_CONCURRENCY
 from ..store.client import redis_client, store_key
 from .gate import LimitGate
 from .planner import LimitPlanner
@@ -37,7 +30,6 @@ __all__ = [
     "extras_limit_reset",
     "limited_tasks",
     "reset_limit",
-    "set_concurrency",
     "set_limit",
     "show_limits",
 ]
@@ -75,13 +67,10 @@ def extras_limit_reset(state: Any, task_name: Any = None, **kwargs: Any) -> dict
     planner = _planner(state.consumer)
     if planner is None:
         return dict(not_ok("celery-extras policies are not installed on this worker"))
-    if not isinstance(task_name, str) or task_name not in planner.specs:
-        return dict(not_ok(f"task {shown(task_name)} has no limit() on this worker"))
-    had = planner.overrides.pop(task_name, None)
-    planner._retune(task_name)
-    spec = planner.specs[task_name]
-    back = f"{task_name}: back to {spec.text} (burst {spec.burst}, {spec.scope})"
-    return dict(ok(back if had is not None else back + "; it had no run-time rate"))
+    try:
+        return dict(ok(planner.reset_limit(task_name)))
+    except ValueError as exc:
+        return dict(not_ok(str(exc)))
 
 
 control_command(args=[("task_name", str)], signature="<task_name>")(extras_limit_reset)
@@ -156,15 +145,3 @@ def set_limit(
         "extras_limit", arguments=arguments, reply=True, timeout=timeout
     )
     return replies
-
-
-def set_concurrency(app: Celery, task_name: str, n: int | None) -> None:
-    """Store the cap of *task_name* (``None``: back to the task's own ``concurrency(n)``).
-
-    Raises :class:`ValueError` for a bad *n* before anything is changed.
-    """
-    if not isinstance(task_name, str) or not task_name:
-        raise ValueError(f"task name {task_name!r}: expected a task name")
-    if n is not None and not is_int(n, minimum=1, maximum=MAX_CONCURRENCY):
-        raise ValueError(f"n {n!r}: expected an int from 1 to {MAX_CONCURRENCY}")
-    RedisSlots(redis_client(app), store_key(app)).set_cap(task_name, n)

@@ -157,6 +157,16 @@ class LimitPlanner:
         self._retune(name)
         return f"{name}: {text} (burst {checked or spec.burst}, {spec.scope})"
 
+    def reset_limit(self, name: object) -> str:
+        """Drop the run-time rate of *name* on this worker: back to its ``limit()``."""
+        if not isinstance(name, str) or name not in self.specs:
+            raise ValueError(f"task {shown(name)} has no limit() on this worker")
+        had = self.overrides.pop(name, None)
+        self._retune(name)
+        spec = self.specs[name]
+        back = f"{name}: back to {spec.text} (burst {spec.burst}, {spec.scope})"
+        return back if had is not None else back + "; it had no run-time rate"
+
     # -- deciding ----------------------------------------------------------------------------
 
     def key_of(self, name: str, spec: LimitSpec, request: Any) -> str:
