@@ -30,6 +30,7 @@ from celery_extras.limits.token_bucket import TokenBucket
 from celery_extras.signals import task_rate_limited
 from tests.support import worker_state as worker_state_support
 from tests.support.clock import FakeClock
+from tests.support.fake_consumer import Consumer
 
 SETTINGS = {"limit_max_hold": 2.0, "limit_on_store_error": "local", "limit_store_retry": 1.0}
 
@@ -43,37 +44,6 @@ class Request:
         self.kwargs: dict[str, Any] = {}
         self.eta = eta.isoformat() if eta else None
         self.request_dict = {"extras_slot": slot} if slot else {}
-
-
-class Consumer:
-    """Records which requests went to the pool, and the timer entries asked for (which never
-    fire by themselves: ``scheduled`` holds ``(seconds, function, args)``)."""
-
-    def __init__(self) -> None:
-        self.ran: list[Request] = []
-        self.timer = self
-        self.qos = self
-        self.prefetch = 0
-        self.scheduled: list[tuple[float, Any, tuple[Any, ...]]] = []
-
-    def on_task_request(self, request: Request) -> None:
-        self.ran.append(request)
-
-    def call_after(self, secs: float, fun: Any, args: tuple[Any, ...] = (), **kwargs: Any) -> Any:
-        self.scheduled.append((secs, fun, args))
-        return self
-
-    def call_repeatedly(self, *args: Any, **kwargs: Any) -> Any:
-        return self
-
-    def cancel(self) -> None:
-        pass
-
-    def increment_eventually(self) -> None:
-        self.prefetch += 1
-
-    def decrement_eventually(self) -> None:
-        self.prefetch -= 1
 
 
 def make_app(name: str) -> Celery:

@@ -22,6 +22,7 @@ from celery_extras.concurrency.slot_table import SlotTable, WaitQueues
 from celery_extras.concurrency.spec import ConcurrencySpec
 from tests.support import worker_state as worker_state_support
 from tests.support.clock import FakeClock
+from tests.support.fake_consumer import Consumer
 
 
 def make_app(name: str = "unit") -> Celery:
@@ -169,35 +170,6 @@ class Request:
 
     def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
         pass
-
-
-class Consumer:
-    def __init__(self) -> None:
-        self.ran: list[Request] = []
-        self.timer = self
-        self.qos = self
-        self.hub = None
-        self.prefetch = 0
-        self.scheduled: list[tuple[float, Any, Any]] = []
-
-    def on_task_request(self, request: Request) -> None:
-        self.ran.append(request)
-
-    def call_after(self, secs: float, fun: Any, args: Any = (), priority: int = 0) -> Any:
-        self.scheduled.append((secs, fun, args))
-        return self
-
-    def call_repeatedly(self, *args: Any, **kwargs: Any) -> Any:
-        return self
-
-    def cancel(self) -> None:
-        pass
-
-    def increment_eventually(self) -> None:
-        self.prefetch += 1
-
-    def decrement_eventually(self) -> None:
-        self.prefetch -= 1
 
 
 SETTINGS = {"concurrency_on_store_error": "local", "limit_store_retry": 1.0}
