@@ -9,7 +9,7 @@ Add it to an app with one call::
 
 from __future__ import annotations
 
-from .admission.decorators import concurrency, limit, retry_policy
+from .admission.decorators import coalesce, concurrency, limit, retry_policy
 from .admission.spec import PolicyError
 from .capability import Capability
 from .consumer import FairConsumerMixin, WeightedCycle, WeightedOrder
@@ -62,6 +62,7 @@ __all__ = [
     "WeightedOrder",
     "WithMaxWait",
     "cluster_revoked",
+    "coalesce",
     "concurrency",
     "delayed",
     "install",

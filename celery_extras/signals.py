@@ -10,6 +10,7 @@ from __future__ import annotations
 from celery.utils.dispatch import Signal
 
 __all__ = [
+    "task_coalesced",
     "task_concurrency_limited",
     "task_parked",
     "task_rate_limited",
@@ -34,3 +35,8 @@ task_released = Signal(name="task_released", providing_args={"task_id"})
 #: Sent in the worker's main process when a task must wait for a concurrency slot.
 #: ``sender`` is the task name; ``request`` the request.
 task_concurrency_limited = Signal(name="task_concurrency_limited", providing_args={"request"})
+
+#: Sent in the worker's main process when a message of a coalesced task is covered by a
+#: run of its key (acked; it never runs). ``sender`` is the task name; ``request`` the
+#: request; ``by`` the id of the covering run.
+task_coalesced = Signal(name="task_coalesced", providing_args={"request", "by"})

@@ -1,13 +1,16 @@
-"""The policies (limits, concurrency, retries) as ``install(app)`` wires them: settings, the
-admission step and its gates, the decorators' hooks."""
+"""The policies (coalescing, limits, concurrency, retries) as ``install(app)`` wires them:
+settings, the admission step and its gates, the decorators' hooks."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.signals import before_task_publish
 
 from ..capability import Capability
+from ..coalesce.gate import CoalesceGate
+from ..coalesce.sent import stamp_sent
 from ..concurrency.gate import SlotGate
 from ..limits.gate import LimitGate
 from ..settings import Setting, choice, number, settings_of
@@ -19,9 +22,10 @@ from .pipeline import PIPELINE_ATTR, Pipeline
 __all__ = ["GATES", "POLICIES", "AdmissionStep"]
 
 
-#: The gates every task with a policy passes, in this order: a task first waits for its
-#: rate, then for a concurrency slot (a slot is held only while the task runs).
-GATES: tuple[GateFactory, ...] = (LimitGate, SlotGate)
+#: The gates every task with a policy passes, in this order: a message first learns
+#: whether another run covers it (then it takes no token and no slot), then waits for
+#: its rate, then for a concurrency slot (a slot is held only while the task runs).
+GATES: tuple[GateFactory, ...] = (CoalesceGate, LimitGate, SlotGate)
 
 
 class AdmissionStep(bootsteps.StartStopStep):
@@ -53,6 +57,7 @@ class AdmissionStep(bootsteps.StartStopStep):
             "extras_policies": {
                 **pipeline.gate(LimitGate.label).info(),
                 "concurrency": pipeline.gate(SlotGate.label).info(),
+                "coalesce": pipeline.gate(CoalesceGate.label).info(),
             }
         }
 
@@ -61,6 +66,7 @@ def _connect(app: Celery) -> None:
     from ..limits import control  # noqa: F401  (registers the extras_limit control command)
 
     track_app(app)
+    before_task_publish.connect(stamp_sent, weak=False, dispatch_uid="celery_extras.coalesce")
 
 
 POLICIES = Capability(
@@ -95,6 +101,17 @@ POLICIES = Capability(
             "``'local'`` applies the same cap per worker, ``'allow'`` runs tasks without a cap, "
             "``'delay'`` keeps each task waiting (unacked, never lost, no pool slot) and asks "
             "the store again every ``extras_limit_store_retry`` seconds. Logged once per outage.",
+        ),
+        Setting(
+            "coalesce_on_store_error",
+            "hold",
+            choice("hold", "run"),
+            "str",
+            "What a ``coalesce()`` task does while the store cannot be reached (or may evict "
+            "its holds): ``'hold'`` keeps each message waiting (unacked, never lost, never "
+            "two runs of a key at once) and asks the store again every "
+            "``extras_limit_store_retry`` seconds; ``'run'`` runs every message without "
+            "coalescing (availability first). Logged once per outage.",
         ),
         Setting(
             "limit_store_retry",

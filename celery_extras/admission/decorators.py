@@ -1,4 +1,5 @@
-"""``limit``, ``concurrency`` and ``retry_policy``: stacked above ``@app.task`` / ``@shared_task``.
+"""``limit``, ``concurrency``, ``coalesce`` and ``retry_policy``: stacked above ``@app.task`` /
+``@shared_task``.
 
 Each checks its arguments at once (errors name the task and the argument),
 records the policy on the task's function (see :mod:`.registry`) and applies it
@@ -14,6 +15,8 @@ from typing import Any, TypeVar
 
 from celery import Celery, Task
 
+from ..coalesce.sent import coalesced_tasks
+from ..coalesce.spec import CoalesceSpec
 from ..concurrency.spec import ConcurrencySpec
 from ..limits.spec import LimitSpec
 from ..retries.hook import install_retry
@@ -23,7 +26,7 @@ from .consumer import admitted_strategy
 from .registry import policies_of, record, target_of, tasks_made_from
 from .spec import KeyFunc
 
-__all__ = ["apply_policies", "concurrency", "limit", "retry_policy", "track_app"]
+__all__ = ["apply_policies", "coalesce", "concurrency", "limit", "retry_policy", "track_app"]
 
 T = TypeVar("T")
 
@@ -66,6 +69,25 @@ def concurrency(
     """
 
     return _recording("concurrency", lambda name: ConcurrencySpec.build(name, n, key, scope, lease))
+
+
+def coalesce(*, key: KeyFunc, keep: str = "first", lease: float = 30.0) -> Callable[[T], T]:
+    """Run at most one task of this name per ``key(args, kwargs)`` at once, cluster-wide,
+    and only as often as needed (client-go's workqueue).
+
+    A run covers every message of its key sent before it started: those are acked
+    and resolve with its result. A message sent while its key runs makes one waiting
+    run, started when the running one ends; *keep* (``"first"`` or ``"last"``) says
+    whose arguments it takes. Holds are leased for *lease* seconds and renewed while
+    the run goes on, so a dead worker's key frees itself.
+    """
+
+    def build(name: str) -> CoalesceSpec:
+        spec = CoalesceSpec.build(name, key, keep, lease)
+        coalesced_tasks.add(name)  # its producers stamp the send time
+        return spec
+
+    return _recording("coalesce", build)
 
 
 def retry_policy(

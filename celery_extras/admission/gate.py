@@ -2,9 +2,11 @@
 
 A gate answers one question for an arriving request: :data:`RUN` (go on to the next
 gate, then the pool), :class:`Hold` (come back in *seconds*, in the worker's timer or
-parked in the delay store) or :data:`QUEUED` (the gate keeps the request and resumes
-it itself, as a slot frees). A gate that let a request through and asked to hear how
-it ended (:attr:`Gate.hears_endings`) is told once, whatever the ending.
+parked in the delay store), :data:`QUEUED` (the gate keeps the request and resumes
+it itself, as a slot frees) or :data:`COVERED` (another run does this message's work:
+it is acked and never runs). A gate that let a request through and asked to hear how
+it ended (:attr:`Gate.hears_endings`) is told once, whatever the ending, or that the
+request left this worker before running (:meth:`Gate.yielded`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["QUEUED", "RUN", "Answer", "Gate", "GateFactory", "Hold", "Queued", "Run", "Ticket"]
+__all__ = [
+    "COVERED",
+    "QUEUED",
+    "RUN",
+    "Answer",
+    "Covered",
+    "Gate",
+    "GateFactory",
+    "Hold",
+    "Queued",
+    "Run",
+    "Ticket",
+]
 
 
 class Run:
@@ -31,8 +45,16 @@ class Queued:
         return "QUEUED"
 
 
+class Covered:
+    """Another run does this message's work: the pipeline acks it; it never runs."""
+
+    def __repr__(self) -> str:
+        return "COVERED"
+
+
 RUN = Run()
 QUEUED = Queued()
+COVERED = Covered()
 
 
 @dataclass(frozen=True)
@@ -49,7 +71,7 @@ class Hold:
     due: float | None = None
 
 
-Answer = Run | Hold | Queued
+Answer = Run | Hold | Queued | Covered
 
 
 @dataclass(eq=False)
@@ -67,6 +89,8 @@ class Ticket:
     released_slot: float | None = None
     #: ticks of the pipeline that found the running request gone from Celery's state
     unseen: int = 0
+    #: how it ended: ``None``, or the seconds until its retry when it raised ``Retry``
+    retry_in: float | None = None
 
 
 class Gate:
@@ -97,6 +121,11 @@ class Gate:
 
     def finished(self, ticket: Ticket) -> None:
         """*ticket*'s request ended (any way) after this gate let it through."""
+
+    def yielded(self, ticket: Ticket, seconds: float) -> None:
+        """*ticket*'s request left this worker after this gate let it through, before it ran:
+        a later gate parked it for *seconds*, or the connection was lost (the broker
+        delivers it again). Called on the gates that hear endings."""
 
     def tick(self) -> None:
         """Called a few times a second from the event loop."""

@@ -6,7 +6,8 @@ is asked of its task's gates in order (:attr:`Pipeline.gates`, e.g. the limit, t
 the concurrency slot). A gate answers :data:`~.gate.RUN` (on to the next),
 :class:`~.gate.Hold` (this pipeline holds it in the worker's timer, or parks it in
 the delay store when the gate allows and the wait is long, then asks the same gate
-again) or :data:`~.gate.QUEUED` (the gate keeps it and calls :meth:`Pipeline.resume`).
+again), :data:`~.gate.QUEUED` (the gate keeps it and calls :meth:`Pipeline.resume`) or
+:data:`~.gate.COVERED` (another run does its work: its message is acked).
 After the last gate the request is reserved and handed to the pool with the
 :mod:`request hook <.request_hook>`, through which the gates that asked hear once
 how it ended. Held or queued messages stay unacked: a worker killed meanwhile loses
@@ -21,7 +22,7 @@ from typing import Any
 
 from .. import compat
 from ..delay.gate import DELAY_ATTR
-from .gate import QUEUED, RUN, Gate, Hold, Ticket
+from .gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
 from .request_hook import request_hook
 from .waits import TimerHolds, park_message
 
@@ -93,9 +94,13 @@ class Pipeline:
         slot = arrival.pop_slot(request.id) if arrival is not None else None
         self._advance(Ticket(request, name, consumer, released_slot=slot))
 
-    def resume(self, ticket: Ticket) -> None:
-        """The gate that queued *ticket* lets it through now."""
+    def resume(self, ticket: Ticket, answer: Answer = RUN) -> None:
+        """The gate that queued *ticket* answers now: :data:`~.gate.RUN` (on to the next
+        gate) or :data:`~.gate.COVERED`."""
         compat.narrow_prefetch(ticket.consumer)
+        if answer is COVERED:
+            self._covered(ticket)
+            return
         ticket.stage += 1
         self._advance(ticket)
 
@@ -108,6 +113,9 @@ class Pipeline:
                 ticket.stage += 1
             elif answer is QUEUED:
                 compat.widen_prefetch(ticket.consumer)
+                return
+            elif answer is COVERED:
+                self._covered(ticket)
                 return
             else:
                 assert isinstance(answer, Hold)
@@ -123,6 +131,11 @@ class Pipeline:
         compat.task_reserved(request)
         ticket.consumer.on_task_request(request)
 
+    def _covered(self, ticket: Ticket) -> None:
+        """Another run does *ticket*'s work: ack its message, forget the request."""
+        compat.forget_held(ticket.request)
+        ticket.request.acknowledge()
+
     def _wait(self, ticket: Ticket, gate: Gate, hold: Hold) -> None:
         """Hold *ticket* in the timer for the wait *gate* asked, or park it."""
         arrival = getattr(ticket.consumer, DELAY_ATTR, None)
@@ -134,11 +147,19 @@ class Pipeline:
         )
         if parked:
             gate.held(ticket, hold, parked=True)
+            self._left(ticket, delay)
             return
         key = id(ticket.request)
         self.holds.hold(ticket.consumer, key, hold.seconds, self._held_due, (ticket,),
                         request=ticket.request)  # fmt: skip
         gate.held(ticket, hold, parked=False)
+
+    def _left(self, ticket: Ticket, seconds: float) -> None:
+        """*ticket* left this worker before running: the gates it passed that hear endings
+        are told (what they hold for it waits for it elsewhere)."""
+        for gate in self.chains[ticket.name][: ticket.stage]:
+            if gate.hears_endings:
+                gate.yielded(ticket, seconds)
 
     def _held_due(self, ticket: Ticket) -> None:
         if not self.holds.release(ticket.consumer, id(ticket.request)):
@@ -147,14 +168,16 @@ class Pipeline:
 
     # -- endings -----------------------------------------------------------------------------
 
-    def finished(self, request: Any) -> None:
-        """*request* ended (any way): the gates it passed that listen hear it, once."""
+    def finished(self, request: Any, retry_in: float | None = None) -> None:
+        """*request* ended (any way; *retry_in*: the seconds until its retry, if it raised
+        ``Retry``): the gates it passed that listen hear it, once."""
         ticket = self.admitted.pop(id(request), None)
         if ticket is None:
             return
         if ticket.request is not request:  # another request at a reused address
             self.admitted[id(request)] = ticket
             return
+        ticket.retry_in = retry_in
         for gate in self.chains[ticket.name]:
             if gate.hears_endings:
                 gate.finished(ticket)

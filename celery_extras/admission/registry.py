@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from celery import Celery, Task
 from celery.local import PromiseProxy, Proxy
 
+from ..coalesce.spec import CoalesceSpec
 from ..compat import promise_proxy_parts, shared_task_parts
 from ..concurrency.spec import ConcurrencySpec
 from ..limits.spec import LimitSpec
@@ -28,15 +29,17 @@ POLICY_ATTR = "__extras_policies__"
 
 @dataclass
 class TaskPolicies:
-    """The limit, concurrency limit and retry policy declared on one task function."""
+    """The limit, concurrency limit, coalescing and retry policy declared on one task
+    function."""
 
     limit: LimitSpec | None = None
     retry: RetrySpec | None = None
     concurrency: ConcurrencySpec | None = None
+    coalesce: CoalesceSpec | None = None
 
     #: the policies read by a gate of the admission pipeline: a task with any of them
     #: takes the pipeline's path (its strategy is :func:`~.consumer.admitted_strategy`)
-    GATED: ClassVar[tuple[str, ...]] = ("limit", "concurrency")
+    GATED: ClassVar[tuple[str, ...]] = ("coalesce", "limit", "concurrency")
 
     def gated(self) -> bool:
         return any(getattr(self, policy) is not None for policy in self.GATED)
@@ -73,7 +76,7 @@ def target_of(task: Any) -> tuple[Callable[..., Any], str]:
             return fun, str(task.name)
     raise TypeError(
         f"{task!r} is not a Celery task: put limit()/retry_policy() above @app.task or "
-        "@shared_task (concurrency() too)"
+        "@shared_task (concurrency() and coalesce() too)"
     )
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from celery.exceptions import TaskRevokedError
+from celery.exceptions import Retry, TaskRevokedError
 from celery.worker.request import Request
 
-__all__ = ["OutcomeListener", "RequestHook", "request_hook"]
+__all__ = ["OutcomeListener", "RequestHook", "request_hook", "retry_in"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,27 @@ def _nothing(*args: Any) -> None:
     pass
 
 
+def retry_in(exc: Any) -> float | None:
+    """The seconds until the retry when *exc* is Celery's ``Retry`` (as a pool process sends
+    it back, maybe wrapped in billiard's ``ExceptionWithTraceback``), else ``None``."""
+    exc = getattr(exc, "exc", exc) if not isinstance(exc, Retry) else exc
+    if not isinstance(exc, Retry):
+        return None
+    when = exc.when
+    if isinstance(when, datetime):
+        now = datetime.now(when.tzinfo or UTC) if when.tzinfo else datetime.now()
+        return max((when - now).total_seconds(), 0.0)
+    return max(float(when), 0.0) if isinstance(when, int | float) else 0.0
+
+
+def _retry_of_result(failed__retval__runtime: Any) -> float | None:
+    try:
+        failed, retval, _ = failed__retval__runtime
+    except (TypeError, ValueError):
+        return None
+    return retry_in(getattr(retval, "exception", None)) if failed else None
+
+
 #: :meth:`RequestHook.listen`'s "leave this listener as it is"
 _KEEP: Any = object()
 
@@ -51,7 +73,7 @@ class RequestHook:
 
     def __init__(self) -> None:
         self._classes: dict[type[Request], type[Request]] = {}
-        self._finish: Callable[[Any], None] | None = None
+        self._finish: Callable[[Any, float | None], None] | None = None
         self._outcomes: OutcomeListener | None = None
         self._wrapped: Callable[[Any], Any] | None = None
         # what the hooked classes call, rebound as listeners come and go
@@ -64,8 +86,8 @@ class RequestHook:
 
     def listen(self, *, finish: Any = _KEEP, outcomes: Any = _KEEP) -> None:
         """Set (or with ``None`` clear) the admission pipeline's *finish*
-        (``finish(request)``) and the stats' *outcomes* (an :class:`OutcomeListener`);
-        one not given stays as it is."""
+        (``finish(request, retry_in)``: *retry_in* as :func:`retry_in` says) and the stats'
+        *outcomes* (an :class:`OutcomeListener`); one not given stays as it is."""
         if finish is not _KEEP:
             self._finish = finish
         if outcomes is not _KEEP:
@@ -74,26 +96,24 @@ class RequestHook:
 
     def _rebind(self) -> None:
         finish, outcomes = self._finish, self._outcomes
-        self.ended = finish or _nothing
+        self.ended = (lambda request: finish(request, None)) if finish else _nothing
         self.started = outcomes.started if outcomes else _nothing
-        if finish and outcomes:
-            count_success, count_failure = outcomes.succeeded, outcomes.failed
+        if finish is None:
+            self.succeeded = outcomes.succeeded if outcomes else _nothing
+            self.failed = outcomes.failed if outcomes else _nothing
+            return
+        count_success = outcomes.succeeded if outcomes else _nothing
+        count_failure = outcomes.failed if outcomes else _nothing
 
-            def succeeded(request: Any, result: Any) -> None:
-                finish(request)  # free the slot first: the next one starts while Celery acks
-                count_success(request, result)
+        def succeeded(request: Any, result: Any) -> None:
+            finish(request, _retry_of_result(result))  # the next starts while Celery acks
+            count_success(request, result)
 
-            def failed(request: Any, exc_info: Any) -> None:
-                finish(request)
-                count_failure(request, exc_info)
+        def failed(request: Any, exc_info: Any) -> None:
+            finish(request, retry_in(getattr(exc_info, "exception", None)))
+            count_failure(request, exc_info)
 
-            self.succeeded, self.failed = succeeded, failed
-        elif outcomes:
-            self.succeeded, self.failed = outcomes.succeeded, outcomes.failed
-        elif finish:
-            self.succeeded = self.failed = lambda request, _: finish(request)
-        else:
-            self.succeeded = self.failed = _nothing
+        self.succeeded, self.failed = succeeded, failed
 
     # -- requests ------------------------------------------------------------------------------
 

@@ -10,8 +10,9 @@ the task and its key) and goes on to the pool, or is queued in this gate:
   store's tickets serve the longest-waiting worker first;
 * a slot freed wakes the bucket's queue: at once in this worker (a global slot is
   handed over to the next request here when the store's queue allows), and in the
-  others through a release notice (:mod:`.notices`). A queue also asks again when
-  the earliest lease runs out (a crashed holder never frees its slot).
+  others through a release notice (:mod:`~celery_extras.admission.notices`). A queue
+  also asks again when the earliest lease runs out (a crashed holder never frees its
+  slot).
 
 The pipeline tells the gate when a request ends, any way; the leases of running
 requests are renewed every third of the lease, so a worker that dies gives its
@@ -30,10 +31,10 @@ from celery import Celery
 
 from .. import compat
 from ..admission.gate import QUEUED, RUN, Answer, Gate, Ticket
+from ..admission.notices import ALL, ReleaseNotices
 from ..admission.spec import call_key
 from ..signals import task_concurrency_limited
 from ..store.client import redis_client, store_key, store_url, store_user
-from .notices import ALL, ReleaseNotices
 from .redis_slots import RedisSlots
 from .slot_table import Bucket, SlotTable, WaitQueues
 from .slots import UNLIMITED, Grant, StoreSlots, TableSlots
@@ -72,7 +73,7 @@ class SlotGate(Gate):
         self.queues: WaitQueues[Ticket] = WaitQueues()
         self.grants: dict[int, Grant] = {}
         self.counts = {"admitted": 0, "waited": 0, "released": 0, "lost_leases": 0}
-        self.notices = ReleaseNotices(self._noticed)
+        self.notices = ReleaseNotices(self._noticed, "concurrency")
         self._pipeline: Any = None
         self._consumer: Any = None
         self._has_store = store_url(app) is not None

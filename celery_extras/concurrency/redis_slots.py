@@ -27,12 +27,12 @@ at most every :data:`CAP_REFRESH` seconds). No Celery import.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from ..admission.notices import notice
 from ..admission.stored_table import StoredTable
 from ..checks import is_int
 from ..scripts import load
@@ -104,20 +104,6 @@ class RedisSlots:
         base = f"{self.prefix}:conc:{{{digest}}}"
         return [f"{base}:holders", f"{base}:queue", f"{base}:tickets"]
 
-    @staticmethod
-    def notice(name: str, key: str) -> str:
-        return json.dumps([name, key])
-
-    @staticmethod
-    def parse_notice(raw: Any) -> tuple[str, str] | None:
-        try:
-            name, key = json.loads(raw)
-        except (TypeError, ValueError):
-            return None
-        if isinstance(name, str) and isinstance(key, str):
-            return name, key
-        return None
-
     def acquire(
         self, name: str, key: str, holder: str, cap: int, lease: float, worker: str,
         more: bool, ticket_lease: float,
@@ -136,7 +122,7 @@ class RedisSlots:
     def release(self, name: str, key: str, holder: str) -> bool:
         """Free *holder*'s slot and tell the waiting workers; ``False`` if it held none."""
         found, _ = self._release(
-            keys=self.keys(name, key), args=[holder, self.channel, self.notice(name, key)]
+            keys=self.keys(name, key), args=[holder, self.channel, notice(name, key)]
         )
         return bool(found)
 
@@ -149,7 +135,7 @@ class RedisSlots:
         is free and the waiting workers are told."""
         _, handed = self._release(
             keys=self.keys(name, key),
-            args=[holder, self.channel, self.notice(name, key), next_holder, _ms(lease),
+            args=[holder, self.channel, notice(name, key), next_holder, _ms(lease),
                   _ms(patience), worker, cap, "1" if more else "0", _ms(ticket_lease)],
         )  # fmt: skip
         return bool(handed)

@@ -55,7 +55,14 @@ BASE_COUNTERS = (
 )
 #: The counters of the ``worker-throughput`` event, in this order: the base ones, then
 #: those added later (a monitor reads them as 0 from a worker that does not send them).
-COUNTERS = (*BASE_COUNTERS, "ignored", "parked", "released", "concurrency_limited")
+COUNTERS = (
+    *BASE_COUNTERS,
+    "ignored",
+    "parked",
+    "released",
+    "concurrency_limited",
+    "coalesced",
+)
 (
     RECEIVED,
     STARTED,
@@ -69,6 +76,7 @@ COUNTERS = (*BASE_COUNTERS, "ignored", "parked", "released", "concurrency_limite
     PARKED,
     RELEASED,
     CONCURRENCY_LIMITED,
+    COALESCED,
 ) = range(len(COUNTERS))
 #: The runtime percentiles reported, as ``p<n>`` keys.
 PERCENTILES = (50, 95, 99)

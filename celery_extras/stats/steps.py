@@ -9,8 +9,8 @@ Where each counter comes from (all in the main process, for every pool):
   ``reject_on_worker_lost``: the request's pool callbacks, through the
   consumer's request hook (:class:`~.outcomes.OutcomeCounter`).
 * ``revoked``: ``task_revoked`` (discarded at receipt or execution, or terminated).
-* ``rate_limited``, ``parked``, ``released``, ``concurrency_limited``: the signals
-  of :mod:`celery_extras.signals` of those names.
+* ``rate_limited``, ``parked``, ``released``, ``concurrency_limited``, ``coalesced``:
+  the signals of :mod:`celery_extras.signals` of those names.
 * ``ignored``: a task raising :class:`~celery.exceptions.Ignore` (the pool callbacks).
 * ``rejected`` too: messages of unknown tasks (``task_unknown``) and messages Celery
   cannot take as tasks (``task_rejected``).
@@ -28,9 +28,16 @@ from celery.worker.consumer.tasks import Tasks
 
 from ..admission.request_hook import request_hook
 from ..settings import settings_of
-from ..signals import task_concurrency_limited, task_parked, task_rate_limited, task_released
+from ..signals import (
+    task_coalesced,
+    task_concurrency_limited,
+    task_parked,
+    task_rate_limited,
+    task_released,
+)
 from .outcomes import OutcomeCounter, counting_strategy
 from .recorder import (
+    COALESCED,
     CONCURRENCY_LIMITED,
     PARKED,
     RATE_LIMITED,
@@ -62,6 +69,7 @@ class _Receivers:
             (task_parked, self.on_parked, f"{uid}.parked"),
             (task_released, self.on_released, f"{uid}.released"),
             (task_concurrency_limited, self.on_concurrency_limited, f"{uid}.concurrency"),
+            (task_coalesced, self.on_coalesced, f"{uid}.coalesced"),
         ]
 
     def connect(self) -> None:
@@ -105,6 +113,9 @@ class _Receivers:
         self, sender: Any = None, request: Any = None, **kwargs: Any
     ) -> None:
         self._count_named(sender, request, CONCURRENCY_LIMITED)
+
+    def on_coalesced(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        self._count_named(sender, request, COALESCED)
 
 
 class StatsRecording(bootsteps.StartStopStep):

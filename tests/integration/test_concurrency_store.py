@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from celery_extras.admission.notices import parse_notice
 from celery_extras.concurrency.redis_slots import RedisSlots
 from tests.support.topology import RedisClusterTopology
 from tests.support.workers import wait_for
@@ -85,7 +86,7 @@ def test_release_notifies_subscribers(store: RedisSlots, client: Any) -> None:
         time.sleep(0.1)
         store.release("t", "k1", "a")
         message = wait_for(lambda: pubsub.get_message(timeout=0.1), timeout=5.0)
-        assert RedisSlots.parse_notice(message["data"]) == ("t", "k1")
+        assert parse_notice(message["data"]) == ("t", "k1")
     finally:
         pubsub.close()
 

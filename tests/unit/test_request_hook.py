@@ -3,14 +3,16 @@ heard once (by the admission pipeline's *finish*), with its outcome (by the stat
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from celery.exceptions import TaskRevokedError
+from billiard.einfo import ExceptionWithTraceback
+from celery.exceptions import Retry, TaskRevokedError
 from celery.worker.request import Request
 
-from celery_extras.admission.request_hook import HOOK_ATTR, RequestHook, request_hook
+from celery_extras.admission.request_hook import HOOK_ATTR, RequestHook, request_hook, retry_in
 
 
 class TaskRequest(Request):
@@ -81,7 +83,7 @@ def ended() -> list[Any]:
 @pytest.fixture
 def hook(ended: list[Any]) -> RequestHook:
     hook = RequestHook()
-    hook.listen(finish=ended.append)
+    hook.listen(finish=lambda request, retry_in: ended.append(request))
     return hook
 
 
@@ -228,7 +230,7 @@ def test_outcomes_hear_started_succeeded_and_failed() -> None:
 def test_finish_comes_before_the_outcome_and_each_listener_is_set_alone() -> None:
     events: list[tuple[Any, ...]] = []
     hook = RequestHook()
-    hook.listen(finish=lambda request: events.append(("finish", request)),
+    hook.listen(finish=lambda request, retry_in: events.append(("finish", request)),
                 outcomes=Outcomes(events))  # fmt: skip
     request = TaskRequest()
     hook.adopt(request)
@@ -252,7 +254,7 @@ def test_listen_finish_none_stops_finishing(hook: RequestHook, ended: list[Any])
                    revoked_before_the_pool):  # fmt: skip
         ending(request)
     assert ended == []
-    hook.listen(finish=ended.append)
+    hook.listen(finish=lambda request, retry_in: ended.append(request))
     succeed(request)
     assert ended == [request]
 
@@ -282,3 +284,38 @@ def test_the_consumer_has_one_hook() -> None:
     consumer = SimpleNamespace()
     hook = request_hook(consumer)
     assert getattr(consumer, HOOK_ATTR) is hook and request_hook(consumer) is hook
+
+
+class _Einfo:
+    def __init__(self, exception: BaseException) -> None:
+        self.exception = exception
+
+
+@pytest.mark.parametrize(
+    ("exception", "expected"),
+    [
+        (Retry(when=7), 7.0),
+        (Retry(when=None), 0.0),
+        (Retry(when=datetime.now(UTC) + timedelta(seconds=60)), 60.0),
+        (ExceptionWithTraceback(Retry(when=3), "tb"), 3.0),  # as a pool process sends it
+        (ValueError("no retry"), None),
+    ],
+)
+def test_finish_hears_the_seconds_until_a_retry(exception: BaseException, expected: Any) -> None:
+    """A run that raised ``Retry`` goes on: *finish* hears when (a coalesced run keeps its
+    key for the retry); any other ending hears ``None``."""
+    heard: list[Any] = []
+    hook = RequestHook()
+    hook.listen(finish=lambda request, retry_in: heard.append(retry_in))
+    by_result, by_failure = TaskRequest(), TaskRequest()
+    hook.adopt(by_result)
+    hook.adopt(by_failure)
+    by_result.on_success((True, _Einfo(exception), 0.1))
+    by_failure.on_failure(_Einfo(exception))
+    for one in heard:
+        if expected is None:
+            assert one is None
+        else:
+            assert one == pytest.approx(expected, abs=1.0)
+    assert len(heard) == 3  # on_success hands a failure on to on_failure: heard twice
+    assert retry_in(Retry(when=-5)) == 0.0

@@ -1,39 +1,66 @@
 """Release notices from other workers: a Redis pub/sub channel read by one thread, handed
 to the event loop through a pipe.
 
-A worker that frees a global slot publishes the bucket; every worker with waiters
-in it asks again at once instead of waiting for a lease to run out. The reading
-thread only queues the bucket and writes a byte to a pipe the event loop watches
-(or, without a hub, schedules a timer call); the event loop does the rest.
+A worker that frees a global concurrency slot, or ends a coalesced run with a run
+waiting, publishes the bucket (task and key); every worker with waiters in it asks
+again at once instead of waiting for a lease to run out. The reading thread only
+queues the bucket and writes a byte to a pipe the event loop watches (or, without a
+hub, schedules a timer call); the event loop does the rest.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..store.health import store_text
-from .redis_slots import RedisSlots
-from .slot_table import Bucket
 
-__all__ = ["ALL", "ReleaseNotices"]
+__all__ = ["ALL", "Bucket", "NoticeSource", "ReleaseNotices", "notice", "parse_notice"]
 
-logger = logging.getLogger("celery_extras.concurrency")
+logger = logging.getLogger(__name__)
+
+#: What a notice names: ``(task name, key)``; key ``""`` is the task's shared bucket.
+Bucket = tuple[str, str]
 
 #: A notice meaning "every bucket": the listener (re)subscribed and may have missed some.
 ALL: Bucket = ("", "\0all")
 
 
+def notice(name: str, key: str) -> str:
+    """The text published for bucket ``(name, key)``."""
+    return json.dumps([name, key])
+
+
+def parse_notice(raw: Any) -> Bucket | None:
+    """The bucket a published text names, or ``None`` for anything else."""
+    try:
+        name, key = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    if isinstance(name, str) and isinstance(key, str):
+        return name, key
+    return None
+
+
+class NoticeSource(Protocol):
+    """A store that publishes notices: its client and channel."""
+
+    client: Any
+    channel: str
+
+
 class ReleaseNotices:
     """Delivers release notices to *wake* (``wake(bucket)``) in the consumer's event loop."""
 
-    def __init__(self, wake: Callable[[Bucket], None]) -> None:
+    def __init__(self, wake: Callable[[Bucket], None], what: str) -> None:
         self.wake = wake
+        self.what = what  # "concurrency", "coalescing": names the thread and the log line
         self._consumer: Any = None
         self._listener: _Listener | None = None
         self._notices: deque[Bucket] = deque()
@@ -53,10 +80,10 @@ class ReleaseNotices:
             self._pipe = (read, write)
             hub.add_reader(read, self._on_pipe)
 
-    def listen(self, store: RedisSlots) -> None:
+    def listen(self, store: NoticeSource) -> None:
         """Subscribe (once) to the store's release channel."""
         if self._listener is None:
-            self._listener = _Listener(store, self._arrived, lambda: self._arrived(ALL))
+            self._listener = _Listener(store, self.what, self._arrived, lambda: self._arrived(ALL))
             self._listener.start()
 
     def stop(self) -> None:
@@ -104,12 +131,14 @@ class _Listener(threading.Thread):
 
     def __init__(
         self,
-        store: RedisSlots,
+        store: NoticeSource,
+        what: str,
         on_notice: Callable[[Bucket], None],
         on_subscribed: Callable[[], None],
     ) -> None:
-        super().__init__(name="celery-extras-slots", daemon=True)
+        super().__init__(name=f"celery-extras-{what}-notices", daemon=True)
         self.store = store
+        self.what = what
         self.on_notice = on_notice
         self.on_subscribed = on_subscribed
         self._stop = threading.Event()
@@ -129,15 +158,16 @@ class _Listener(threading.Thread):
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message and message.get("type") == "message":
-                        bucket = RedisSlots.parse_notice(message.get("data"))
+                        bucket = parse_notice(message.get("data"))
                         if bucket is not None:
                             self.on_notice(bucket)
             except Exception as exc:
                 if not failed:
                     failed = True
                     logger.warning(
-                        "celery-extras: concurrency release notices lost (%s); waiters ask "
+                        "celery-extras: %s release notices lost (%s); waiters ask "
                         "again when leases run out until the store answers",
+                        self.what,
                         store_text(exc),
                     )
                 self._stop.wait(1.0)

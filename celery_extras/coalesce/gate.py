@@ -1,0 +1,296 @@
+"""The coalescing gate of the admission pipeline: one run per key, cluster-wide.
+
+The first gate of a task with ``coalesce()``. Each arriving message of a key asks the
+holds (:class:`~.redis_holds.RedisHolds`, or with no store this worker's
+:class:`~.table.CoalesceTable`) what it does:
+
+* **run**: it goes on to the next gates, then the pool; its hold is renewed every
+  third of the lease until the pipeline hears it end, then freed, and its result is
+  copied to every message it covered (:mod:`.results`). A run that ends in a retry
+  keeps the hold for its retry; one parked by a later gate, or dropped with a lost
+  connection, keeps it for whichever worker receives it next;
+* **covered**: its message is acked and counted ``coalesced`` (it takes no token
+  and no slot);
+* **wait**: it is this key's waiting run, held here (unacked, no pool slot, the
+  prefetch window widened) until the run ends: a release notice (or, should one be
+  lost, its next renewal) asks again.
+
+While the store cannot be reached, ``extras_coalesce_on_store_error`` says what a
+message does: ``'hold'`` waits (unacked) and asks again every
+``extras_limit_store_retry`` seconds, ``'run'`` runs without coalescing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+from .. import compat
+from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
+from ..admission.notices import ALL, Bucket, ReleaseNotices
+from ..admission.spec import call_key
+from ..signals import task_coalesced
+from ..store.client import redis_client, store_key, store_safety, store_url, store_user
+from .redis_holds import RedisHolds
+from .results import ResultCopies
+from .sent import sent_at
+from .spec import CoalesceSpec
+from .table import CoalesceTable, Verdict
+
+__all__ = ["ASK_AGAIN", "CoalesceGate", "Holding"]
+
+logger = logging.getLogger("celery_extras.coalesce")
+
+#: Longest a waiting run goes without asking again, should every release notice be lost.
+ASK_AGAIN = 1.0
+
+
+@dataclass
+class Holding:
+    """A hold of this worker: the run (or waiting run) of *bucket* under *holder*."""
+
+    bucket: Bucket
+    holder: str
+    lease: float
+    asked: float
+
+
+class CoalesceGate(Gate):
+    """The coalescing holds of one worker's consumer, as a gate of its admission pipeline."""
+
+    label = "coalesce"
+    hears_endings = True
+
+    def __init__(self, app: Celery, settings: Mapping[str, Any],
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:  # fmt: skip
+        self.app = app
+        self.clock = clock
+        self.wall = wall
+        self.on_store_error: str = settings["coalesce_on_store_error"]
+        self.store_retry: float = settings["limit_store_retry"]
+        self.specs: dict[str, CoalesceSpec] = {}
+        consequence = {
+            "hold": "coalesced tasks wait (unacked) until it answers",
+            "run": "coalesced tasks run without coalescing until it answers",
+        }
+        self.health = store_user(app, logger, "coalescing holds",
+                                 consequence[self.on_store_error], clock)  # fmt: skip
+        self.safety = store_safety(app)
+        self._has_store = store_url(app) is not None
+        self._store: RedisHolds | None = None
+        self.local = CoalesceTable(wall)
+        self.worker = uuid.uuid4().hex[:16]
+        self.holding: dict[int, tuple[Ticket, Holding]] = {}  # runs, by id(request)
+        self.waiting: dict[Bucket, list[tuple[Ticket, Holding]]] = {}
+        self.results = ResultCopies(app)
+        self.notices = ReleaseNotices(self.wake, "coalescing")
+        self.counts = {"runs": 0, "coalesced": 0, "waited": 0, "unheld": 0, "lost_holds": 0}
+        self._pipeline: Any = None
+        self._consumer: Any = None
+
+    @property
+    def holds(self) -> Any:
+        """Where the holds are: the store's (cluster-wide), or this worker's table."""
+        if not self._has_store:
+            return self.local
+        if self._store is None:
+            self._store = RedisHolds(redis_client(self.app), store_key(self.app))
+        return self._store
+
+    def handles(self, name: str) -> bool:
+        return name in self.specs
+
+    def register(self, name: str, policies: Any) -> None:
+        if policies.coalesce is not None:
+            self.specs[name] = policies.coalesce
+
+    def start(self, pipeline: Any, consumer: Any) -> None:
+        self._pipeline, self._consumer = pipeline, consumer
+        self.notices.start(consumer)
+        if self.specs and not self._has_store:
+            logger.warning(
+                "celery-extras: no store (extras_redis_url, or a Redis broker): coalesce() "
+                "holds are kept per worker, so two workers may run one key at once"
+            )
+
+    # -- asking --------------------------------------------------------------------------------
+
+    def admit(self, ticket: Ticket) -> Answer:
+        spec = self.specs[ticket.name]
+        request = ticket.request
+        bucket = (ticket.name, call_key(ticket.name, spec.key, request, "coalesce", "key", logger))
+        holding = Holding(bucket, f"{self.worker}:{uuid.uuid4().hex[:12]}", spec.lease,
+                          self.clock())  # fmt: skip
+        verdict = self._ask(ticket, holding)
+        if verdict is None:
+            if self.on_store_error == "run":
+                self.counts["unheld"] += 1
+                return RUN
+            return Hold(self.store_retry)
+        return self._answer(ticket, holding, verdict, queued=False)
+
+    def _ask(self, ticket: Ticket, holding: Holding) -> Verdict | None:
+        """The holds' verdict on *ticket*, or ``None`` when the store cannot answer."""
+        spec = self.specs[ticket.name]
+        request = ticket.request
+        headers = getattr(request.message, "headers", None) or {}
+        retries = headers.get("retries")
+        retries = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
+        sent = sent_at(headers, getattr(request, "eta", None), self.wall())
+        holding.asked = self.clock()
+        args = (holding.bucket, request.id, sent, holding.holder, spec.lease, spec.keep, retries)
+        if self.holds is self.local:
+            local: Verdict = self.local.ask(*args)
+            return local
+        if not self.health.up() or self.safety.refusal() is not None:
+            return None
+        try:
+            verdict: Verdict = self.holds.ask(*args)
+        except Exception as exc:
+            self.health.failed(exc)
+            return None
+        self.health.answered()
+        return verdict
+
+    def _answer(self, ticket: Ticket, holding: Holding, verdict: Verdict, queued: bool) -> Answer:
+        if verdict.kind == "run":
+            self.counts["runs"] += 1
+            self.holding[id(ticket.request)] = (ticket, holding)
+            return RUN
+        if verdict.kind == "covered":
+            self.counts["coalesced"] += 1
+            task_coalesced.send(sender=ticket.name, request=ticket.request, by=verdict.by)
+            return COVERED
+        if not queued:
+            self.counts["waited"] += 1
+            self.waiting.setdefault(holding.bucket, []).append((ticket, holding))
+            self._listen()
+        return QUEUED
+
+    def _listen(self) -> None:
+        if isinstance(self.holds, RedisHolds) and not self.notices.listening:
+            try:
+                self.notices.listen(self.holds)
+            except Exception as exc:
+                self.health.failed(exc)
+
+    def wake(self, bucket: Bucket) -> None:
+        """Ask again for the waiting runs of *bucket* (every bucket for :data:`ALL`)."""
+        for one in list(self.waiting) if bucket == ALL else [bucket]:
+            for ticket, holding in list(self.waiting.get(one, ())):
+                verdict = self._ask(ticket, holding)
+                if verdict is None or verdict.kind == "wait":
+                    continue
+                self._unwait(one, ticket)
+                answer = self._answer(ticket, holding, verdict, queued=True)
+                self._pipeline.resume(ticket, answer)
+
+    def _unwait(self, bucket: Bucket, ticket: Ticket) -> None:
+        waiting = [w for w in self.waiting.get(bucket, []) if w[0] is not ticket]
+        if waiting:
+            self.waiting[bucket] = waiting
+        else:
+            self.waiting.pop(bucket, None)
+
+    # -- endings -------------------------------------------------------------------------------
+
+    def finished(self, ticket: Ticket) -> None:
+        """The run ended: free its key (or keep it for its retry), copy its result to what
+        it covered, and let this worker's waiting run of the key ask at once."""
+        found = self.holding.pop(id(ticket.request), None)
+        if found is None:
+            return
+        holding = found[1]
+        if ticket.retry_in is not None:
+            self._step_aside(ticket, holding, ticket.retry_in)
+            return
+        covered = self._call("finish", holding.bucket, ticket.request.id, holding.holder)
+        if covered:
+            self.results.schedule(self._consumer, ticket.name, ticket.request.id, covered)
+        if holding.bucket in self.waiting:
+            self.wake(holding.bucket)
+
+    def yielded(self, ticket: Ticket, seconds: float) -> None:
+        found = self.holding.pop(id(ticket.request), None)
+        if found is not None:
+            self._step_aside(ticket, found[1], seconds)
+
+    def _step_aside(self, ticket: Ticket, holding: Holding, seconds: float) -> None:
+        self._call("step_aside", holding.bucket, ticket.request.id, holding.holder, seconds,
+                   holding.lease)  # fmt: skip
+
+    def _call(self, what: str, *args: Any) -> Any:
+        """``holds.<what>(*args)``; ``None`` when the store failed (the hold's lease ends it)."""
+        if self.holds is self.local:
+            return getattr(self.local, what)(*args)
+        try:
+            return getattr(self.holds, what)(*args)
+        except Exception as exc:
+            self.health.failed(exc)
+            return None
+
+    def stop(self) -> None:
+        """Waiting runs are dropped (the broker delivers them again); runs that had not
+        reached the pool keep their hold for whoever receives them next."""
+        for bucket, waiting in list(self.waiting.items()):
+            for ticket, holding in waiting:
+                compat.forget_held(ticket.request)
+                self._call("forget", bucket, ticket.request.id, holding.holder)
+        self.waiting.clear()
+        admitted = self._pipeline.admitted if self._pipeline is not None else {}
+        for key, (ticket, holding) in list(self.holding.items()):
+            if key not in admitted:
+                del self.holding[key]
+                self._step_aside(ticket, holding, 0.0)
+        self.notices.stop()
+
+    # -- renewal -------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Renew the holds due (every third of the lease), and ask again for waiting runs
+        not asked for :data:`ASK_AGAIN` seconds (their renewal)."""
+        now = self.clock()
+        due: dict[tuple[Bucket, str, float], list[str]] = {}
+        for ticket, holding in self.holding.values():
+            if now - holding.asked >= holding.lease / 3:
+                due.setdefault((holding.bucket, holding.holder, holding.lease), []).append(
+                    ticket.request.id
+                )
+                holding.asked = now
+        for (bucket, holder, lease), ids in due.items():
+            lost = self._call("renew", bucket, ids, holder, lease)
+            if lost:
+                self.counts["lost_holds"] += len(lost)
+                logger.error(
+                    "celery-extras: the coalescing hold of %s ran past its lease (%.0f s) "
+                    "before renewal (the worker was blocked or cut off from the store); "
+                    "another run of its key may start",
+                    bucket[0], lease,
+                )  # fmt: skip
+        for bucket, waiting in list(self.waiting.items()):
+            if any(now - h.asked >= min(ASK_AGAIN, h.lease / 3) for _, h in waiting):
+                self.wake(bucket)
+
+    def info(self) -> dict[str, Any]:
+        tasks = {name: {**spec.describe(), "running": 0, "waiting": 0}
+                 for name, spec in self.specs.items()}  # fmt: skip
+        for _, holding in self.holding.values():
+            tasks[holding.bucket[0]]["running"] += 1
+        for bucket, waiting in self.waiting.items():
+            tasks[bucket[0]]["waiting"] += len(waiting)
+        return {
+            "tasks": tasks,
+            **self.counts,
+            "results_copied": self.results.copied,
+            "results_given_up": self.results.gave_up,
+            "store": "shared" if self._has_store else "worker",
+            **self.health.info(),
+            "on_store_error": self.on_store_error,
+        }

@@ -1,0 +1,109 @@
+"""Coalescing holds on Redis: the rules of :mod:`.table` as one atomic Lua script per call.
+
+Each key (a task and its coalescing key) has one hash under a hash tag of its own
+(a digest of task and key), so keys spread over a Redis Cluster's masters; the ids
+a run covers are a list beside it, in the same tag. Every time is the *Redis
+server's* (``TIME``, in ms) except a message's send time, which its producer stamped
+(see :mod:`.sent`). A finished run whose key has a waiting run publishes the key on
+one channel, so the worker holding the waiting run starts it at once. No Celery import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from typing import Any, cast
+
+from ..admission.notices import Bucket, notice
+from ..scripts import load
+from .table import Verdict
+
+__all__ = ["SCRIPT", "RedisHolds"]
+
+#: The one script of every operation (``scripts/coalesce.lua``), after the server's time.
+SCRIPT = load("now_ms") + load("coalesce")
+
+
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+class RedisHolds:
+    """The coalescing holds of every key under *prefix* in *client*'s Redis (or Cluster)."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.channel = f"{prefix}:coalesce:ended"
+        self._script = client.register_script(SCRIPT)
+
+    def hash_key(self, name: str, key: str) -> str:
+        """The hash of ``(name, key)``, under a hash tag of its own."""
+        digest = hashlib.sha1(f"{name}\0{key}".encode(), usedforsecurity=False).hexdigest()[:20]
+        return f"{self.prefix}:coalesce:{{{digest}}}"
+
+    def _call(self, bucket: Bucket, *args: Any) -> Any:
+        return self._script(keys=[self.hash_key(*bucket)], args=list(args))
+
+    def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
+            keep: str, retries: int) -> Verdict:  # fmt: skip
+        """What message *mid* (sent at *sent*, epoch seconds) does (see :meth:`.table.ask`)."""
+        kind, by = self._call(bucket, "ask", mid, holder, int(sent * 1000), _ms(lease), keep,
+                              retries, *bucket)  # fmt: skip
+        return Verdict(cast("Any", _text(kind)), _text(by))
+
+    def finish(self, bucket: Bucket, mid: str, holder: str) -> list[str] | None:
+        """Run *mid* ended: the ids it covered (a run waiting is told through the channel),
+        or ``None`` when it was no longer the key's run."""
+        reply = self._call(bucket, "finish", mid, holder)
+        if not reply:
+            return None
+        if int(reply[0]):
+            self.client.publish(self.channel, notice(*bucket))
+        return [_text(one) for one in reply[1:]]
+
+    def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
+                   lease: float) -> bool:  # fmt: skip
+        """Run *mid* goes on elsewhere: held *seconds* + *lease* for whoever receives it."""
+        return bool(self._call(bucket, "aside", mid, holder, _ms(seconds + lease)))
+
+    def forget(self, bucket: Bucket, mid: str, holder: str) -> None:
+        """The waiting run *mid* was dropped by *holder* (the broker delivers it again)."""
+        self._call(bucket, "forget", mid, holder)
+
+    def renew(self, bucket: Bucket, ids: list[str], holder: str, lease: float) -> list[str]:
+        """Extend *holder*'s holds among *ids*; the ids whose hold had run out."""
+        lost = self._call(bucket, "renew", "", holder, _ms(lease), *ids)
+        return [_text(one) for one in lost]
+
+    # -- listing (``celery extras coalesce``) --------------------------------------------------
+
+    def listing(self) -> Iterator[dict[str, Any]]:
+        """Every key with a run, a waiting run or orphans: task, key, and its holds."""
+        for raw_key in self.client.scan_iter(match=f"{self.prefix}:coalesce:{{*}}", count=500):
+            fields = self.client.hgetall(raw_key)
+            if not fields:
+                continue
+            state = {_text(k): _text(v) for k, v in fields.items()}
+            out: dict[str, Any] = {"task": state.get("n", "?"), "key": state.get("k", "?")}
+            for hold in ("run", "wait"):
+                out[hold] = _parse(state.get(hold))
+            out["covered"] = sum(1 for f in state if f.startswith("b:"))
+            orphans = _parse(state.get("o"))
+            out["orphans"] = len(orphans) if isinstance(orphans, list) else 0
+            yield out
+
+
+def _parse(raw: str | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None

@@ -1,0 +1,203 @@
+"""Coalescing, pure: client-go's *dirty* and *processing* sets, per key, with leases.
+
+No Celery import, an injectable clock. For each key the table keeps at most one
+*run* (the message running, or on its way to the pool) and one *waiting* run (a
+message held until the run ends), each under a lease renewed by its holder, and
+which message ids each covers. :meth:`CoalesceTable.ask` decides for a message
+that reaches a worker:
+
+* ``"run"``: nothing runs the key: this message is the run (it covers every message of
+  the key sent before now, its *cutoff*);
+* ``"covered"``: a run that started after the message was sent, or the waiting run,
+  will do its work: ack it, its result is the covering run's;
+* ``"wait"``: the key runs, and started before this message was sent: this message is
+  the waiting run, asked again (:meth:`ask` with the same id) when the run ends.
+
+A run whose lease ran out (its worker died) covers nothing any more: the ids it
+covered, and its own, become *orphans*, inherited by the key's next run, so each
+caller's result still comes from a run that started after its message was sent.
+:class:`~.redis_holds.RedisHolds` keeps the same rules in Lua, cluster-wide; this
+table is what a worker with no store uses, and the executable form of the rules.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["KEEP", "CoalesceTable", "Hold", "KeyState", "Verdict"]
+
+#: ``coalesce(keep=...)``: whose arguments the waiting run takes.
+KEEP = ("first", "last")
+
+
+@dataclass
+class Hold:
+    """A run or a waiting run: its message id, its holder and when its lease ends."""
+
+    id: str
+    holder: str
+    until: float
+    #: a run's cutoff: it covers the messages sent before this time
+    cutoff: float = 0.0
+    #: a run's ``retries`` header: a higher one is the same run going on (a retry)
+    retries: int = 0
+
+
+@dataclass
+class KeyState:
+    run: Hold | None = None
+    wait: Hold | None = None
+    #: run (or waiting run) id -> the ids it covers
+    covered: dict[str, list[str]] = field(default_factory=dict)
+    #: covered id -> the id of the run covering it
+    by: dict[str, str] = field(default_factory=dict)
+    #: ids covered by a run that died: the next run covers them
+    orphans: list[str] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return self.run is None and self.wait is None and not self.covered and not self.orphans
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a message of a coalesced key does: ``"run"``, ``"wait"`` or ``"covered"``
+    (*by*: the id of the covering run)."""
+
+    kind: Literal["run", "wait", "covered"]
+    by: str = ""
+
+
+RUN = Verdict("run")
+WAIT = Verdict("wait")
+
+
+class CoalesceTable:
+    """The holds of every key, in one process (times on *clock*, in seconds)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.keys: dict[Hashable, KeyState] = {}
+
+    def _state(self, key: Hashable) -> KeyState:
+        state = self.keys.setdefault(key, KeyState())
+        now = self.clock()
+        if state.run is not None and state.run.until <= now:
+            self._orphan(state, state.run.id)  # its worker died: the next run covers its ids
+            state.run = None
+        if state.wait is not None and state.wait.until <= now:
+            self._orphan(state, state.wait.id)  # its message comes back from the broker
+            state.wait = None
+        return state
+
+    @staticmethod
+    def _orphan(state: KeyState, run_id: str) -> None:
+        for covered in [*state.covered.pop(run_id, []), run_id]:
+            state.by.pop(covered, None)
+            if covered not in state.orphans:
+                state.orphans.append(covered)
+
+    @staticmethod
+    def _cover(state: KeyState, run_id: str, covered: str) -> Verdict:
+        if covered != run_id and state.by.get(covered) != run_id:
+            state.covered.setdefault(run_id, []).append(covered)
+            state.by[covered] = run_id
+        return Verdict("covered", run_id)
+
+    def _start(self, state: KeyState, mid: str, holder: str, lease: float, retries: int) -> Verdict:
+        now = self.clock()
+        state.run = Hold(mid, holder, now + lease, cutoff=now, retries=retries)
+        for orphan in state.orphans:
+            if orphan != mid:
+                self._cover(state, mid, orphan)
+        state.orphans.clear()
+        return RUN
+
+    def ask(self, key: Hashable, mid: str, sent: float, holder: str, lease: float,
+            keep: str = "first", retries: int = 0) -> Verdict:  # fmt: skip
+        """Message *mid* of *key*, sent at *sent*, reached *holder*: what it does."""
+        state = self._state(key)
+        run, wait = state.run, state.wait
+        now = self.clock()
+        if run is not None and run.id == mid:
+            if run.holder in ("", holder) or retries > run.retries:
+                run.holder, run.until, run.retries = holder, now + lease, max(retries, run.retries)
+                return RUN  # the run itself, asked again, or going on (a retry, a park)
+            return Verdict("covered", mid)  # a second delivery of a live run
+        if mid in state.by:
+            return Verdict("covered", state.by[mid])
+        if wait is not None and wait.id == mid:
+            if run is None:  # the run ended: the waiting run starts, with what it covers
+                state.wait = None
+                return self._start(state, mid, holder, lease, retries)
+            wait.holder, wait.until = holder, now + lease
+            return WAIT
+        if run is not None and sent <= run.cutoff:
+            return self._cover(state, run.id, mid)
+        if wait is not None:
+            if keep == "first" or run is None:
+                return self._cover(state, wait.id, mid)
+            # keep="last": this message is the waiting run now, and covers the one it replaces
+            moved = [*state.covered.pop(wait.id, []), wait.id]
+            state.wait = Hold(mid, holder, now + lease)
+            for covered in moved:
+                state.by.pop(covered, None)
+                self._cover(state, mid, covered)
+            return WAIT
+        if run is None:
+            return self._start(state, mid, holder, lease, retries)
+        state.wait = Hold(mid, holder, now + lease)
+        return WAIT
+
+    def finish(self, key: Hashable, mid: str, holder: str) -> list[str] | None:
+        """Run *mid* ended: the ids it covered, or ``None`` when it was no longer the key's
+        run (its lease ran out: another run covers its ids)."""
+        state = self._state(key)
+        run = state.run
+        if run is None or run.id != mid or run.holder != holder:
+            self._drop_if_empty(key, state)
+            return None
+        state.run = None
+        covered = state.covered.pop(mid, [])
+        for one in covered:
+            state.by.pop(one, None)
+        self._drop_if_empty(key, state)
+        return covered
+
+    def step_aside(
+        self, key: Hashable, mid: str, holder: str, seconds: float, lease: float
+    ) -> bool:
+        """Run *mid* goes on elsewhere (a retry, a park, a lost connection): its hold lasts
+        *seconds* + *lease* for whichever worker receives *mid* next. ``False`` if lost."""
+        state = self._state(key)
+        run = state.run
+        if run is None or run.id != mid or run.holder != holder:
+            return False
+        run.holder, run.until = "", self.clock() + seconds + lease
+        return True
+
+    def forget(self, key: Hashable, mid: str, holder: str) -> None:
+        """The waiting run *mid* was dropped by *holder* (the broker delivers it again)."""
+        state = self._state(key)
+        if state.wait is not None and state.wait.id == mid and state.wait.holder == holder:
+            self._orphan(state, mid)
+            state.wait = None
+        self._drop_if_empty(key, state)
+
+    def renew(self, key: Hashable, ids: list[str], holder: str, lease: float) -> list[str]:
+        """Extend *holder*'s holds among *ids*; the ids whose hold had run out."""
+        state = self._state(key)
+        lost = []
+        for mid in ids:
+            hold = next((h for h in (state.run, state.wait) if h is not None and h.id == mid), None)
+            if hold is None or hold.holder != holder:
+                lost.append(mid)
+            else:
+                hold.until = self.clock() + lease
+        return lost
+
+    def _drop_if_empty(self, key: Hashable, state: KeyState) -> None:
+        if state.empty():
+            self.keys.pop(key, None)

@@ -1,0 +1,164 @@
+-- Follows now_ms.lua. The rules of celery_extras/coalesce/table.py, for one key.
+-- KEYS[1]: the key's hash: run, wait (JSON {id, h (holder), u (lease end ms), c (cutoff ms),
+-- r (retries)}), o (orphans, JSON list), b:<id> (the run covering <id>), n (task), k (key).
+-- The ids a run covers are the list KEYS[1]..':c:'..<run id> (same hash tag).
+-- ARGV[1] is the operation, ARGV[2] the message id, ARGV[3] the holder:
+--   ask     ARGV 4: sent ms, 5: lease ms, 6: keep, 7: retries, 8: task, 9: key
+--           -> {'run'|'wait'|'covered', covering id}
+--   finish  -> {} (no longer the run) or {1 if a run waits else 0, covered ids...}
+--   aside   ARGV 4: hold ms -> 1, or 0 if no longer the run
+--   forget  -> 1
+--   renew   ARGV 4: lease ms, ids from ARGV 5 -> the ids whose hold had run out
+-- Each write sets the keys' TTL to the longest lease + a day (orphans wait that long).
+
+local h = KEYS[1]
+local op, mid, holder = ARGV[1], ARGV[2], ARGV[3]
+local DAY = 86400000
+
+local function get(field)
+  local raw = redis.call('HGET', h, field)
+  if raw then return cjson.decode(raw) end
+  return nil
+end
+local function put(field, v)
+  if v then redis.call('HSET', h, field, cjson.encode(v)) else redis.call('HDEL', h, field) end
+end
+local orphans = get('o') or {}
+local function orphan(id)
+  local list = h .. ':c:' .. id
+  local ids = redis.call('LRANGE', list, 0, -1)
+  redis.call('DEL', list)
+  table.insert(ids, id)
+  for _, one in ipairs(ids) do
+    redis.call('HDEL', h, 'b:' .. one)
+    local known = false
+    for _, o in ipairs(orphans) do if o == one then known = true end end
+    if not known then table.insert(orphans, one) end
+  end
+end
+
+local run, wait = get('run'), get('wait')
+if run and run.u <= now then orphan(run.id); run = nil end
+if wait and wait.u <= now then orphan(wait.id); wait = nil end
+
+local function cover(run_id, id)
+  if id ~= run_id and redis.call('HGET', h, 'b:' .. id) ~= run_id then
+    redis.call('RPUSH', h .. ':c:' .. run_id, id)
+    redis.call('HSET', h, 'b:' .. id, run_id)
+  end
+  return {'covered', run_id}
+end
+
+local function save(longest)
+  put('run', run)
+  put('wait', wait)
+  if #orphans > 0 then redis.call('HSET', h, 'o', cjson.encode(orphans)) else redis.call('HDEL', h, 'o') end
+  if redis.call('HLEN', h) <= 2 and not run and not wait then  -- only n, k left
+    redis.call('DEL', h)
+    return
+  end
+  local ttl = DAY + (longest or 0)
+  redis.call('PEXPIRE', h, ttl)
+  for _, hold in ipairs({run, wait}) do
+    if hold then redis.call('PEXPIRE', h .. ':c:' .. hold.id, ttl) end
+  end
+end
+
+local function start(lease, retries)
+  run = {id = mid, h = holder, u = now + lease, c = now, r = retries}
+  for _, o in ipairs(orphans) do
+    if o ~= mid then cover(mid, o) end
+  end
+  orphans = {}
+  return {'run', ''}
+end
+
+local reply
+if op == 'ask' then
+  local sent, lease, keep, retries = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+  redis.call('HSET', h, 'n', ARGV[8], 'k', ARGV[9])
+  local by = redis.call('HGET', h, 'b:' .. mid)
+  if run and run.id == mid then
+    if run.h == '' or run.h == holder or retries > run.r then
+      run.h, run.u = holder, now + lease
+      if retries > run.r then run.r = retries end
+      reply = {'run', ''}
+    else
+      reply = {'covered', mid}
+    end
+  elseif by then
+    reply = {'covered', by}
+  elseif wait and wait.id == mid then
+    if not run then
+      wait = nil
+      reply = start(lease, retries)
+    else
+      wait.h, wait.u = holder, now + lease
+      reply = {'wait', ''}
+    end
+  elseif run and sent <= run.c then
+    reply = cover(run.id, mid)
+  elseif wait then
+    if keep == 'first' or not run then
+      reply = cover(wait.id, mid)
+    else
+      local list = h .. ':c:' .. wait.id
+      local moved = redis.call('LRANGE', list, 0, -1)
+      redis.call('DEL', list)
+      table.insert(moved, wait.id)
+      wait = {id = mid, h = holder, u = now + lease}
+      for _, one in ipairs(moved) do
+        redis.call('HDEL', h, 'b:' .. one)
+        cover(mid, one)
+      end
+      reply = {'wait', ''}
+    end
+  elseif not run then
+    reply = start(lease, retries)
+  else
+    wait = {id = mid, h = holder, u = now + lease}
+    reply = {'wait', ''}
+  end
+  save(lease)
+  return reply
+elseif op == 'finish' then
+  if not run or run.id ~= mid or run.h ~= holder then
+    save(0)
+    return {}
+  end
+  local list = h .. ':c:' .. mid
+  local covered = redis.call('LRANGE', list, 0, -1)
+  redis.call('DEL', list)
+  for _, one in ipairs(covered) do redis.call('HDEL', h, 'b:' .. one) end
+  run = nil
+  save(0)
+  reply = {wait and 1 or 0}
+  for _, one in ipairs(covered) do table.insert(reply, one) end
+  return reply
+elseif op == 'aside' then
+  if not run or run.id ~= mid or run.h ~= holder then
+    save(0)
+    return 0
+  end
+  run.h, run.u = '', now + tonumber(ARGV[4])
+  save(tonumber(ARGV[4]))
+  return 1
+elseif op == 'forget' then
+  if wait and wait.id == mid and wait.h == holder then
+    orphan(mid)
+    wait = nil
+  end
+  save(0)
+  return 1
+elseif op == 'renew' then
+  local lease = tonumber(ARGV[4])
+  local lost = {}
+  for i = 5, #ARGV do
+    local hold = nil
+    if run and run.id == ARGV[i] then hold = run elseif wait and wait.id == ARGV[i] then hold = wait end
+    if hold and hold.h == holder then hold.u = now + lease else table.insert(lost, ARGV[i]) end
+  end
+  save(lease)
+  return lost
+end
+return redis.error_reply('coalesce: unknown operation ' .. tostring(op))

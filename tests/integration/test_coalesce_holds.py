@@ -1,0 +1,80 @@
+"""The coalescing script (``scripts/coalesce.lua``) keeps the rules of the pure table: the
+scenarios of ``tests/unit/test_coalesce_table.py``, on a real Redis and on the 3-master
+Redis Cluster, with the server's clock. No worker and no broker here."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from celery_extras.coalesce.redis_holds import RedisHolds
+from tests.unit.test_coalesce_table import KEY, SCENARIOS, Harness
+
+
+@pytest.fixture
+def holds(client: Any) -> Iterator[RedisHolds]:
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    yield RedisHolds(client, prefix)
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+
+
+def _harness(holds: RedisHolds, client: Any) -> Harness:
+    def now() -> float:
+        seconds, micros = client.time()
+        return float(seconds) + micros // 1000 / 1000  # the scripts' ms
+
+    return Harness(holds, now, time.sleep)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
+def test_the_script_keeps_the_rules(
+    scenario: Callable[[Harness], None], holds: RedisHolds, client: Any
+) -> None:
+    scenario(_harness(holds, client))
+    leftover = {k: client.hgetall(k) for k in client.scan_iter(f"{holds.prefix}:*")}
+    assert all(not any(f.startswith("b:") for f in fields) for fields in leftover.values())
+
+
+def test_an_idle_key_leaves_nothing_in_the_store(holds: RedisHolds, client: Any) -> None:
+    SCENARIOS[0](_harness(holds, client))
+    assert list(client.scan_iter(f"{holds.prefix}:*")) == []
+
+
+def test_the_listing_shows_running_and_waiting_runs(holds: RedisHolds, client: Any) -> None:
+    h = _harness(holds, client)
+    assert h.ask("r", "A").kind == "run"
+    assert h.ask("w", "B", sent=h.later()).kind == "wait"
+    assert h.ask("c", "B", sent=h.later()).kind == "covered"
+    (one,) = list(holds.listing())
+    assert (one["task"], one["key"], one["run"]["id"], one["wait"]["id"], one["covered"]) == (
+        *KEY,
+        "r",
+        "w",
+        1,
+    )
+
+
+def test_a_finished_run_with_a_run_waiting_publishes_its_key(
+    holds: RedisHolds, client: Any
+) -> None:
+    from celery_extras.admission.notices import parse_notice
+
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(holds.channel)
+    try:
+        h = _harness(holds, client)
+        h.ask("r", "A")
+        h.ask("w", "B", sent=h.later())
+        holds.finish(KEY, "r", "A")
+        deadline = time.monotonic() + 5.0
+        message = None
+        while message is None and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=0.5)
+        assert message is not None and parse_notice(message["data"]) == KEY
+    finally:
+        pubsub.close()

@@ -1,0 +1,188 @@
+"""The coalescing rules (:mod:`celery_extras.coalesce.table`) on a fake clock.
+
+Each scenario takes a :class:`Harness`, so ``tests/integration/test_coalesce_holds.py``
+runs the same ones on the Lua form (:class:`~celery_extras.coalesce.redis_holds.RedisHolds`)
+against a real Redis: the two must agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from celery_extras.coalesce.table import CoalesceTable, Verdict
+
+KEY = ("tasks.reindex", "account-1")
+LEASE = 30.0
+
+
+@dataclass
+class Harness:
+    """Holds under test, their clock (:meth:`now`, seconds) and a way to let time pass."""
+
+    holds: Any
+    now: Callable[[], float]
+    advance: Callable[[float], None]
+
+    def ask(self, mid: str, holder: str, *, sent: float | None = None, lease: float = LEASE,
+            keep: str = "first", retries: int = 0) -> Verdict:  # fmt: skip
+        when = self.now() - 1.0 if sent is None else sent
+        verdict: Verdict = self.holds.ask(KEY, mid, when, holder, lease, keep, retries)
+        return verdict
+
+    def later(self) -> float:
+        """A send time after every run started so far."""
+        self.advance(0.01)
+        return self.now()
+
+
+RUN, WAIT = Verdict("run"), Verdict("wait")
+
+
+def covered(by: str) -> Verdict:
+    return Verdict("covered", by)
+
+
+def queued_before_any_run_runs_once(h: Harness) -> None:
+    """20 messages sent before any worker ran the key: one run covers the 19 others."""
+    sent = h.now() - 5.0
+    assert h.ask("m0", "A", sent=sent) == RUN
+    for i in range(1, 20):
+        assert h.ask(f"m{i}", "AB"[i % 2], sent=sent) == covered("m0")
+    assert sorted(h.holds.finish(KEY, "m0", "A")) == sorted(f"m{i}" for i in range(1, 20))
+
+
+def sent_during_a_run_gives_exactly_one_more(h: Harness) -> None:
+    """10 messages sent while the key runs: the first waits, the other 9 are covered by
+    it; it starts only when the run ends, and covers them then."""
+    assert h.ask("r", "A") == RUN
+    assert h.ask("w", "B", sent=h.later()) == WAIT
+    for i in range(9):
+        assert h.ask(f"c{i}", "AB"[i % 2], sent=h.later()) == covered("w")
+    assert h.ask("w", "B") == WAIT  # asked again while the run goes on: still waiting
+    assert h.holds.finish(KEY, "r", "A") == []
+    assert h.ask("w", "B") == RUN
+    assert h.ask("late", "A", sent=h.now() - 0.001) == covered("w")  # sent before w started
+    assert sorted(h.holds.finish(KEY, "w", "B")) == sorted([*(f"c{i}" for i in range(9)), "late"])
+    assert h.ask("next", "A", sent=h.later()) == RUN  # nothing runs: the next one runs
+
+
+def keep_last_makes_the_newest_message_the_waiting_run(h: Harness) -> None:
+    assert h.ask("r", "A") == RUN
+    assert h.ask("w1", "B", sent=h.later(), keep="last") == WAIT
+    assert h.ask("w2", "A", sent=h.later(), keep="last") == WAIT  # replaces w1
+    assert h.ask("w1", "B", keep="last") == covered("w2")  # w1 learns it is covered
+    assert h.ask("w3", "B", sent=h.later(), keep="last") == WAIT  # replaces w2
+    assert h.ask("w2", "A", keep="last") == covered("w3")
+    assert h.holds.finish(KEY, "r", "A") == []
+    assert h.ask("w3", "B", keep="last") == RUN
+    assert sorted(h.holds.finish(KEY, "w3", "B")) == ["w1", "w2"]
+
+
+def a_dead_runs_key_frees_after_its_lease_and_its_callers_pass_on(h: Harness) -> None:
+    """The worker running the key dies (no renewal): once its lease ran out, the waiting
+    run starts and covers what the dead run covered, and the dead run's own id."""
+    assert h.ask("r", "A", lease=0.2) == RUN
+    assert h.ask("c", "A", sent=h.now() - 2.0) == covered("r")
+    assert h.ask("w", "B", sent=h.later(), lease=0.2) == WAIT
+    assert h.holds.renew(KEY, ["w"], "B", 5.0) == []  # B lives on, A does not
+    h.advance(0.35)
+    assert h.ask("w", "B") == RUN
+    assert h.holds.finish(KEY, "r", "A") is None  # A comes back too late: not the run
+    assert sorted(h.holds.finish(KEY, "w", "B")) == ["c", "r"]
+
+
+def a_second_delivery_of_a_live_run_is_covered_but_a_retry_goes_on(h: Harness) -> None:
+    assert h.ask("r", "A") == RUN
+    assert h.ask("r", "B") == covered("r")  # the broker delivered it again: A runs it
+    assert h.ask("r", "A") == RUN  # A asking again keeps it
+    assert h.holds.step_aside(KEY, "r", "A", 60.0, LEASE)  # A's run raised Retry
+    assert h.ask("w", "A", sent=h.later()) == WAIT  # sent meanwhile: waits for the chain
+    assert h.ask("r", "B", retries=1) == RUN  # the retry, on B, is the same run
+    assert h.holds.finish(KEY, "r", "A") is None  # A no longer holds it
+    assert h.holds.finish(KEY, "r", "B") == []
+    assert h.ask("w", "A") == RUN
+
+
+def a_retry_is_recognised_by_its_retries_header_without_stepping_aside(h: Harness) -> None:
+    """The retry's message can reach another worker before the first hears its end."""
+    assert h.ask("r", "A") == RUN
+    assert h.ask("r", "B", retries=1) == RUN
+    assert h.ask("r", "C", retries=1) == covered("r")  # a second delivery of the retry
+    assert h.holds.finish(KEY, "r", "A") is None
+
+
+def a_forgotten_waiting_run_passes_its_callers_on(h: Harness) -> None:
+    """A worker that lost its connection drops its waiting run: the broker delivers it
+    again; meanwhile the next message waits in its place and covers its callers."""
+    assert h.ask("r", "A") == RUN
+    assert h.ask("w", "B", sent=h.later()) == WAIT
+    assert h.ask("c", "A", sent=h.later()) == covered("w")
+    h.holds.forget(KEY, "w", "B")
+    assert h.ask("w2", "A", sent=h.later()) == WAIT
+    assert h.holds.finish(KEY, "r", "A") == []
+    assert h.ask("w2", "A") == RUN
+    assert h.ask("w", "C") == covered("w2")  # the redelivery: w2's run covers it
+    assert sorted(h.holds.finish(KEY, "w2", "A")) == ["c", "w"]
+
+
+def renewal_reports_holds_that_ran_out(h: Harness) -> None:
+    assert h.ask("r", "A", lease=0.2) == RUN
+    assert h.holds.renew(KEY, ["r"], "A", 0.2) == []
+    h.advance(0.35)
+    assert h.holds.renew(KEY, ["r"], "A", 0.2) == ["r"]
+    assert h.ask("n", "B", sent=h.later()) == RUN
+    assert h.holds.finish(KEY, "n", "B") == ["r"]  # the run that ran out passed r on
+
+
+def a_key_with_nothing_left_is_forgotten(h: Harness) -> None:
+    assert h.ask("r", "A") == RUN
+    assert h.holds.finish(KEY, "r", "A") == []
+    assert h.ask("r2", "A", sent=h.later()) == RUN
+    assert h.holds.step_aside(KEY, "r2", "A", 0.0, 0.2)
+    h.advance(0.35)
+    assert h.ask("x", "B", sent=h.later()) == RUN  # the stepped-aside hold ran out
+    assert sorted(h.holds.finish(KEY, "x", "B")) == ["r2"]  # and x covered it
+
+
+SCENARIOS = [
+    queued_before_any_run_runs_once,
+    sent_during_a_run_gives_exactly_one_more,
+    keep_last_makes_the_newest_message_the_waiting_run,
+    a_dead_runs_key_frees_after_its_lease_and_its_callers_pass_on,
+    a_second_delivery_of_a_live_run_is_covered_but_a_retry_goes_on,
+    a_retry_is_recognised_by_its_retries_header_without_stepping_aside,
+    a_forgotten_waiting_run_passes_its_callers_on,
+    renewal_reports_holds_that_ran_out,
+    a_key_with_nothing_left_is_forgotten,
+]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
+def test_the_table_keeps_the_rules(scenario: Callable[[Harness], None]) -> None:
+    clock = FakeClock()
+    table = CoalesceTable(clock)
+    scenario(Harness(table, clock, clock.advance))
+    assert all(not state.covered and not state.by for state in table.keys.values())
+
+
+def test_an_idle_table_holds_nothing() -> None:
+    clock = FakeClock()
+    table = CoalesceTable(clock)
+    h = Harness(table, clock, clock.advance)
+    queued_before_any_run_runs_once(h)
+    assert table.keys == {}
