@@ -58,7 +58,9 @@ class Holding:
     bucket: Bucket
     holder: str
     lease: float
+    #: when it was last asked for (or renewed), and when to ask again (monotonic clock)
     asked: float
+    next_ask: float = 0.0
 
 
 class CoalesceGate(Gate):
@@ -168,6 +170,8 @@ class CoalesceGate(Gate):
             self.counts["coalesced"] += 1
             task_coalesced.send(sender=ticket.name, request=ticket.request, by=verdict.by)
             return COVERED
+        # ask again when the run's lease ends (its worker may have died), at the latest
+        holding.next_ask = holding.asked + min(ASK_AGAIN, holding.lease / 3, verdict.due + 0.005)
         if not queued:
             self.counts["waited"] += 1
             self.waiting.setdefault(holding.bucket, []).append((ticket, holding))
@@ -254,8 +258,8 @@ class CoalesceGate(Gate):
     # -- renewal -------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Renew the holds due (every third of the lease), and ask again for waiting runs
-        not asked for :data:`ASK_AGAIN` seconds (their renewal)."""
+        """Renew the holds due (every third of the lease), and ask again for the waiting runs
+        due (their renewal): every :data:`ASK_AGAIN` seconds, or when the run's lease ends."""
         now = self.clock()
         due: dict[tuple[Bucket, str, float], list[str]] = {}
         for ticket, holding in self.holding.values():
@@ -275,7 +279,7 @@ class CoalesceGate(Gate):
                     bucket[0], lease,
                 )  # fmt: skip
         for bucket, waiting in list(self.waiting.items()):
-            if any(now - h.asked >= min(ASK_AGAIN, h.lease / 3) for _, h in waiting):
+            if any(now >= holding.next_ask for _, holding in waiting):
                 self.wake(bucket)
 
     def info(self) -> dict[str, Any]:

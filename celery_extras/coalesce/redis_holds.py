@@ -54,9 +54,10 @@ class RedisHolds:
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
             keep: str, retries: int) -> Verdict:  # fmt: skip
         """What message *mid* (sent at *sent*, epoch seconds) does (see :meth:`.table.ask`)."""
-        kind, by = self._call(bucket, "ask", mid, holder, int(sent * 1000), _ms(lease), keep,
-                              retries, *bucket)  # fmt: skip
-        return Verdict(cast("Any", _text(kind)), _text(by))
+        reply = self._call(bucket, "ask", mid, holder, int(sent * 1000), _ms(lease), keep,
+                           retries, *bucket)  # fmt: skip
+        due = int(reply[2]) / 1000 if len(reply) > 2 else 0.0
+        return Verdict(cast("Any", _text(reply[0])), _text(reply[1]), due)
 
     def finish(self, bucket: Bucket, mid: str, holder: str) -> list[str] | None:
         """Run *mid* ended: the ids it covered (a run waiting is told through the channel),

@@ -64,14 +64,15 @@ class KeyState:
 @dataclass(frozen=True)
 class Verdict:
     """What a message of a coalesced key does: ``"run"``, ``"wait"`` or ``"covered"``
-    (*by*: the id of the covering run)."""
+    (*by*: the id of the covering run). A waiting run learns when the run's lease ends
+    (*due*, seconds from now): should its worker die, the key frees then."""
 
     kind: Literal["run", "wait", "covered"]
     by: str = ""
+    due: float = field(default=0.0, compare=False)
 
 
 RUN = Verdict("run")
-WAIT = Verdict("wait")
 
 
 class CoalesceTable:
@@ -133,7 +134,7 @@ class CoalesceTable:
                 state.wait = None
                 return self._start(state, mid, holder, lease, retries)
             wait.holder, wait.until = holder, now + lease
-            return WAIT
+            return Verdict("wait", due=run.until - now)
         if run is not None and sent <= run.cutoff:
             return self._cover(state, run.id, mid)
         if wait is not None:
@@ -145,11 +146,11 @@ class CoalesceTable:
             for covered in moved:
                 state.by.pop(covered, None)
                 self._cover(state, mid, covered)
-            return WAIT
+            return Verdict("wait", due=run.until - now)
         if run is None:
             return self._start(state, mid, holder, lease, retries)
         state.wait = Hold(mid, holder, now + lease)
-        return WAIT
+        return Verdict("wait", due=run.until - now)
 
     def finish(self, key: Hashable, mid: str, holder: str) -> list[str] | None:
         """Run *mid* ended: the ids it covered, or ``None`` when it was no longer the key's

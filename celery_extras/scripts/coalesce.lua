@@ -4,7 +4,7 @@
 -- The ids a run covers are the list KEYS[1]..':c:'..<run id> (same hash tag).
 -- ARGV[1] is the operation, ARGV[2] the message id, ARGV[3] the holder:
 --   ask     ARGV 4: sent ms, 5: lease ms, 6: keep, 7: retries, 8: task, 9: key
---           -> {'run'|'wait'|'covered', covering id}
+--           -> {'run'|'wait'|'covered', covering id, ms until the run's lease ends (wait)}
 --   finish  -> {} (no longer the run) or {1 if a run waits else 0, covered ids...}
 --   aside   ARGV 4: hold ms -> 1, or 0 if no longer the run
 --   forget  -> 1
@@ -94,7 +94,7 @@ if op == 'ask' then
       reply = start(lease, retries)
     else
       wait.h, wait.u = holder, now + lease
-      reply = {'wait', ''}
+      reply = {'wait', '', run.u - now}
     end
   elseif run and sent <= run.c then
     reply = cover(run.id, mid)
@@ -111,13 +111,13 @@ if op == 'ask' then
         redis.call('HDEL', h, 'b:' .. one)
         cover(mid, one)
       end
-      reply = {'wait', ''}
+      reply = {'wait', '', run.u - now}
     end
   elseif not run then
     reply = start(lease, retries)
   else
     wait = {id = mid, h = holder, u = now + lease}
-    reply = {'wait', ''}
+    reply = {'wait', '', run.u - now}
   end
   save(lease)
   return reply

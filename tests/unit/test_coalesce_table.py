@@ -63,6 +63,7 @@ def sent_during_a_run_gives_exactly_one_more(h: Harness) -> None:
     for i in range(9):
         assert h.ask(f"c{i}", "AB"[i % 2], sent=h.later()) == covered("w")
     assert h.ask("w", "B") == WAIT  # asked again while the run goes on: still waiting
+    assert LEASE - 2.0 < h.ask("w", "B").due <= LEASE  # when the run's lease ends
     assert h.holds.finish(KEY, "r", "A") == []
     assert h.ask("w", "B") == RUN
     assert h.ask("late", "A", sent=h.now() - 0.001) == covered("w")  # sent before w started

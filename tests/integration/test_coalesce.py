@@ -1,0 +1,214 @@
+"""Coalescing on real prefork workers, on Redis and on RabbitMQ (store: Redis).
+
+Every run journals its start and end (written by the pool processes on the one host
+clock) and returns its own id, so "one run at a time", "a run after every message" and
+"every caller's result is its covering run's" are checked from the stamps and results.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+
+# imported here too: this process is the producer, and a producer stamps the send time on
+# the messages of the coalesced tasks it knows (by name only, a message counts as sent when
+# it reached a worker)
+import tests.support.tasks_coalesce  # noqa: F401
+from celery_extras.coalesce.redis_holds import RedisHolds
+from celery_extras.coalesce.sent import SENT_HEADER
+from celery_extras.store.client import redis_client, store_key
+from tests.integration.conftest import Cluster
+from tests.support.brokers import PrivateRedis
+from tests.support.journal import Journal
+from tests.support.workers import wait_for
+
+INCLUDE = ("tests.support.tasks_coalesce",)
+PER_KEY = "tests.coalesce.per_key"
+CRASHY = "tests.coalesce.crashy"
+
+
+def runs_of(journal: Journal, task: str) -> list[dict[str, Any]]:
+    return [e for e in journal.entries() if e["task"] == task and e.get("phase") == "end"]
+
+
+def started(journal: Journal, task: str, tag: Any) -> dict[str, Any]:
+    for entry in journal.entries():
+        if entry["task"] == task and entry.get("phase") == "start" and entry.get("tag") == tag:
+            return entry
+    return {}
+
+
+def coalesce_info(cluster: Cluster, hostname: str) -> dict[str, Any]:
+    stats = cluster.app.control.inspect(destination=[hostname], timeout=3).stats() or {}
+    info: dict[str, Any] = stats.get(hostname, {}).get("extras_policies", {}).get("coalesce", {})
+    return info
+
+
+def overlaps(runs: list[dict[str, Any]]) -> int:
+    """Pairs of runs (of one key) open at once."""
+    spans = sorted((e["start"], e["t"]) for e in runs)
+    return sum(1 for a, b in itertools.pairwise(spans) if b[0] < a[1])
+
+
+def test_queued_twenty_times_runs_once_and_ten_during_a_run_give_exactly_one_more(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    queued = [send(PER_KEY, "k", f"q{i}") for i in range(20)]
+    worker = cluster.worker("w1")
+    values = [r.get(timeout=60) for r in queued]
+    (first,) = runs_of(journal, PER_KEY)
+    assert {v["run"] for v in values} == {first["id"]}  # one run; every caller has its result
+
+    long = send(PER_KEY, "k", "long", 3.0, True)
+    wait_for(lambda: started(journal, PER_KEY, "long"), timeout=30, what="the long run")
+    during = [send(PER_KEY, "k", f"d{i}") for i in range(10)]
+    values = [r.get(timeout=60) for r in during]
+    assert long.get(timeout=60)["run"] == long.id
+    runs = runs_of(journal, PER_KEY)
+    assert len(runs) == 3  # the first, the long one, exactly one more
+    long_run, more = runs[1], runs[2]
+    assert (long_run["tag"], more["tag"]) == ("long", "d0")  # keep="first": d0's arguments
+    assert more["start"] >= long_run["t"]  # started after the long run ended
+    assert {v["run"] for v in values} == {more["id"]}
+    info = coalesce_info(cluster, worker.hostname)
+    assert (info["coalesced"], info["runs"], info["waited"]) == (19 + 9, 3, 1)
+    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=3).stats()
+    totals = stats[worker.hostname]["extras"]["tasks"][PER_KEY]["total"]
+    assert (totals["received"], totals["coalesced"], totals["succeeded"]) == (31, 28, 3)
+
+
+def test_keep_last_runs_the_newest_arguments(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    cluster.worker("w1")
+    name = "tests.coalesce.last"
+    long = send(name, "k", "long", 2.0, True)
+    wait_for(lambda: started(journal, name, "long"), timeout=30, what="the long run")
+    during = [send(name, "k", f"d{i}") for i in range(5)]
+    values = [r.get(timeout=60) for r in during]
+    long.get(timeout=30)
+    runs = runs_of(journal, name)
+    assert [e["tag"] for e in runs] == ["long", "d4"]
+    assert {v["tag"] for v in values} == {"d4"}
+
+
+def test_three_workers_two_thousand_messages_over_fifty_keys(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """Never two runs of a key at once; every message followed by a run of its key that
+    started after it was sent; no more runs than messages; every result resolves."""
+    cluster.configure(include=INCLUDE)
+    for name in ("w1", "w2", "w3"):
+        cluster.worker(name, start=False).start(wait=False)
+    for worker in cluster.workers:
+        worker.wait_ready()
+    rng = random.Random(24)
+    messages: list[tuple[str, float, AsyncResult]] = []
+    for i in range(2000):
+        key = f"k{rng.randrange(50)}"
+        sent = time.time()
+        result = send(PER_KEY, key, i, rng.uniform(0.0, 0.04), headers={SENT_HEADER: sent})
+        messages.append((key, sent, result))
+        if rng.random() < 0.05:
+            time.sleep(rng.uniform(0.0, 0.2))  # bursts and lulls
+    pending = [r for _, _, r in messages]
+    deadline = time.monotonic() + 180
+    while pending and time.monotonic() < deadline:
+        pending = [r for r in pending if not r.ready()]
+        time.sleep(0.5)
+    assert not pending, f"{len(pending)} results never resolved"
+    runs = runs_of(journal, PER_KEY)
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_key.setdefault(run["key"], []).append(run)
+    assert sum(overlaps(r) for r in by_key.values()) == 0
+    lost = [(k, s) for k, s, _ in messages if not any(r["start"] > s for r in by_key.get(k, []))]
+    assert lost == []
+    run_ids = {r["id"] for r in runs}
+    assert {r.result["run"] for _, _, r in messages} <= run_ids  # each result is a run's
+    assert len(runs) <= len(messages)
+    print(f"\n2,000 messages over 50 keys on 3 workers: {len(runs)} runs "
+          f"({len(runs) / 2000:.1%} of the messages), {len(by_key)} keys")  # fmt: skip
+
+
+def test_sigkill_of_the_worker_running_a_key_frees_it_within_its_lease(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """The worker running a key (lease 3 s) is SIGKILLed, three times: the waiting run on
+    another worker starts within lease + 1 s, and every caller, the killed run's too,
+    resolves with its result; nothing is left held."""
+    side = f"{cluster.ns}-side"
+    cluster.configure(include=INCLUDE)
+    waiter = cluster.worker("waiter", queues=(side,))
+    for round_ in range(3):
+        runner = cluster.worker(f"runner{round_}", concurrency=1)
+        killed = send(CRASHY, "k", f"killed{round_}", 60.0, True)
+        wait_for(lambda r=round_: started(journal, CRASHY, f"killed{r}"), timeout=30,
+                 what="the run to be killed")  # fmt: skip
+        waiting = send(CRASHY, "k", f"waiting{round_}", 0.05, True, queue=side)
+        covered = [send(CRASHY, "k", f"c{round_}.{i}", queue=side) for i in range(3)]
+        expected = 3 * (round_ + 1)
+        wait_for(lambda n=expected: coalesce_info(cluster, waiter.hostname).get("coalesced") == n,
+                 timeout=30, what="the waiting run and its covered messages")  # fmt: skip
+        runner.kill()
+        killed_at = time.time()
+        entry = wait_for(lambda r=round_: started(journal, CRASHY, f"waiting{r}"), timeout=30,
+                         what="the waiting run")  # fmt: skip
+        print(f"\nround {round_}: the waiting run started {entry['start'] - killed_at:.2f} s "
+              "after the SIGKILL (lease 3 s)")  # fmt: skip
+        assert entry["start"] - killed_at <= 3.0 + 1.0
+        run_id = waiting.get(timeout=30)["run"]
+        assert run_id == waiting.id
+        assert killed.get(timeout=30)["run"] == run_id  # the killed run's caller too
+        assert {r.get(timeout=30)["run"] for r in covered} == {run_id}
+    holds = RedisHolds(redis_client(cluster.app), store_key(cluster.app))
+    wait_for(lambda: all(k["run"] is None and k["wait"] is None for k in holds.listing()),
+             timeout=10, what="nothing held")  # fmt: skip
+
+
+@pytest.mark.parametrize("on_store_error", ["hold", "run"])
+def test_a_store_restart_mid_run(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal, tmp_path: Path,
+    on_store_error: str,
+) -> None:  # fmt: skip
+    """The store (a private Redis, appendonly) restarts while a key runs and messages of
+    the key arrive: nothing is lost; with ``'hold'`` never two runs at once, with ``'run'``
+    the messages of the outage run at once."""
+    (tmp_path / "store").mkdir()
+    store = PrivateRedis(tmp_path / "store").start()
+    try:
+        cluster.configure(include=INCLUDE, extras_redis_url=store.url,
+                          extras_coalesce_on_store_error=on_store_error,
+                          extras_limit_store_retry=0.5)  # fmt: skip
+        worker = cluster.worker("w1", concurrency=4)
+        long = send(PER_KEY, "k", "long", 4.0, True)
+        wait_for(lambda: started(journal, PER_KEY, "long"), timeout=30, what="the long run")
+        store.stop()
+        during = [send(PER_KEY, "k", f"d{i}") for i in range(5)]
+        if on_store_error == "run":
+            wait_for(lambda: len(runs_of(journal, PER_KEY)) >= 5, timeout=30,
+                     what="the outage's messages to run")  # fmt: skip
+        else:
+            time.sleep(1.5)  # the outage lasts a while: nothing of the key may start
+        store.start()
+        values = [r.get(timeout=60) for r in during]
+        long.get(timeout=60)
+        runs = runs_of(journal, PER_KEY)
+        assert {v["run"] for v in values} <= {r["id"] for r in runs}
+        if on_store_error == "hold":
+            assert overlaps(runs) == 0
+            assert len(runs) == 2  # the long run, then one for the five sent meanwhile
+        else:
+            assert len(runs) == 6  # each message of the outage ran, beside the long one
+        assert "coalescing holds: the store failed" in worker.log()
+    finally:
+        store.stop()

@@ -1,0 +1,61 @@
+"""Tasks of the coalescing tests: each run journals its start and its end (one entry, at
+the end, with ``start``; plus a ``phase="start"`` entry when asked) on the host's clock, and
+returns what it ran with, so every caller's result names the run that covered it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import Task, shared_task
+
+from celery_extras import coalesce
+
+from .journal import Journal
+
+__all__ = ["crashy", "per_key", "retrying"]
+
+
+def _key(args: Any, kwargs: Any) -> str:
+    return str(args[0])
+
+
+def _run(task: Task, key: str, tag: Any, seconds: float, announce: bool) -> dict[str, Any]:
+    journal = Journal(task.app.main or "extras-test")
+    start = time.time()
+    if announce:
+        journal.note(task, phase="start", key=key, tag=tag, start=start)
+    time.sleep(seconds)
+    journal.note(task, phase="end", key=key, tag=tag, start=start)
+    return {"key": key, "tag": tag, "run": task.request.id}
+
+
+@coalesce(key=_key)
+@shared_task(bind=True, name="tests.coalesce.per_key")
+def per_key(self: Task, key: str, tag: Any = None, seconds: float = 0.05,
+            announce: bool = False) -> dict[str, Any]:  # fmt: skip
+    return _run(self, key, tag, seconds, announce)
+
+
+@coalesce(key=_key, keep="last")
+@shared_task(bind=True, name="tests.coalesce.last")
+def last(self: Task, key: str, tag: Any = None, seconds: float = 0.05,
+         announce: bool = False) -> dict[str, Any]:  # fmt: skip
+    return _run(self, key, tag, seconds, announce)
+
+
+@coalesce(key=_key, lease=3.0)
+@shared_task(bind=True, name="tests.coalesce.crashy")
+def crashy(self: Task, key: str, tag: Any = None, seconds: float = 0.05,
+           announce: bool = False) -> dict[str, Any]:  # fmt: skip
+    return _run(self, key, tag, seconds, announce)
+
+
+@coalesce(key=_key)
+@shared_task(bind=True, name="tests.coalesce.retrying", max_retries=2)
+def retrying(self: Task, key: str, tag: Any = None) -> dict[str, Any]:
+    """Fails twice, retrying after 1 s each time, then succeeds."""
+    result = _run(self, key, tag, 0.05, announce=True)
+    if self.request.retries < 2:
+        raise self.retry(countdown=1)
+    return result
