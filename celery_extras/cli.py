@@ -16,6 +16,7 @@ import click
 from celery import Celery
 from celery.bin.base import CeleryCommand, CLIContext
 
+from .bounds import shown
 from .settings import declared_settings, settings_of
 
 __all__ = ["extras"]
@@ -290,3 +291,35 @@ def delayed_command(ctx: click.Context, as_json: bool) -> None:
         due_in = entry["next_due_in"]
         when = "-" if due_in is None else f"next due in {due_in:.1f} s"
         click.echo(f"  {name:<{width}}  {entry['parked']:>8} parked  {when}")
+
+
+@extras.command(cls=CeleryCommand, name="coalesce")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
+@click.pass_context
+def coalesce_command(ctx: click.Context, as_json: bool) -> None:
+    """List the coalesced keys held in the store: the run of each, and its waiting run."""
+    from .coalesce.redis_holds import RedisHolds
+    from .delay.parking import STORE_ERRORS
+    from .store.client import redis_client, store_key, store_url
+
+    app = app_of(ctx)
+    if store_url(app) is None:
+        raise click.ClickException("no store (extras_redis_url, or a Redis broker or backend)")
+    try:
+        listing = list(RedisHolds(redis_client(app), store_key(app)).listing())
+    except STORE_ERRORS as exc:
+        raise click.ClickException(f"the store cannot be read: {exc!r}"[:300]) from None
+    if as_json:
+        click.echo(json.dumps(listing, sort_keys=True))
+        return
+    click.echo(f"{len(listing)} coalesced key(s) held")
+    for one in sorted(listing, key=lambda k: (str(k["task"]), str(k["key"]))):
+        run, wait = one["run"] or {}, one["wait"] or {}
+        running = f"running {run.get('id', '?')}" if run else "not running"
+        if run and not run.get("h"):
+            running += " (between attempts: retry or park)"
+        waiting = f", waiting {wait.get('id', '?')}" if wait else ""
+        extra = f", {one['covered']} covered" if one["covered"] else ""
+        orphans = f", {one['orphans']} passed on to the next run" if one["orphans"] else ""
+        click.echo(f"  {shown(one['task'])} [{shown(one['key'])}]: {running}{waiting}{extra}"
+                   f"{orphans}")  # fmt: skip

@@ -8,6 +8,7 @@ clock) and returns its own id, so "one run at a time", "a run after every messag
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from celery_extras.coalesce.redis_holds import RedisHolds
 from celery_extras.coalesce.sent import SENT_HEADER
 from celery_extras.store.client import redis_client, store_key
 from tests.integration.conftest import Cluster
+from tests.integration.test_stats_cli import extras
 from tests.support.brokers import PrivateRedis
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
@@ -67,9 +69,21 @@ def test_queued_twenty_times_runs_once_and_ten_during_a_run_give_exactly_one_mor
     (first,) = runs_of(journal, PER_KEY)
     assert {v["run"] for v in values} == {first["id"]}  # one run; every caller has its result
 
-    long = send(PER_KEY, "k", "long", 3.0, True)
+    long = send(PER_KEY, "k", "long", 5.0, True)
     wait_for(lambda: started(journal, PER_KEY, "long"), timeout=30, what="the long run")
     during = [send(PER_KEY, "k", f"d{i}") for i in range(10)]
+    wait_for(lambda: coalesce_info(cluster, worker.hostname)["coalesced"] == 19 + 9, timeout=30,
+             what="d1..d9 covered")  # fmt: skip
+    listed = extras(cluster, "coalesce", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (key,) = json.loads(listed.stdout)
+    assert (key["task"], key["key"], key["run"]["id"], key["wait"]["id"], key["covered"]) == (
+        PER_KEY, "k", long.id, during[0].id, 9,
+    )  # fmt: skip
+    assert (
+        f"running {long.id}, waiting {during[0].id}, 9 covered"
+        in extras(cluster, "coalesce").stdout
+    )
     values = [r.get(timeout=60) for r in during]
     assert long.get(timeout=60)["run"] == long.id
     runs = runs_of(journal, PER_KEY)

@@ -3,6 +3,7 @@ heard once (by the admission pipeline's *finish*), with its outcome (by the stat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -292,18 +293,21 @@ class _Einfo:
 
 
 @pytest.mark.parametrize(
-    ("exception", "expected"),
+    ("make", "expected"),
     [
-        (Retry(when=7), 7.0),
-        (Retry(when=None), 0.0),
-        (Retry(when=datetime.now(UTC) + timedelta(seconds=60)), 60.0),
-        (ExceptionWithTraceback(Retry(when=3), "tb"), 3.0),  # as a pool process sends it
-        (ValueError("no retry"), None),
+        (lambda: Retry(when=7), 7.0),
+        (lambda: Retry(when=None), 0.0),
+        (lambda: Retry(when=datetime.now(UTC) + timedelta(seconds=60)), 60.0),
+        (lambda: ExceptionWithTraceback(Retry(when=3), "tb"), 3.0),  # as from a pool process
+        (lambda: ValueError("no retry"), None),
     ],
 )
-def test_finish_hears_the_seconds_until_a_retry(exception: BaseException, expected: Any) -> None:
+def test_finish_hears_the_seconds_until_a_retry(
+    make: Callable[[], BaseException], expected: Any
+) -> None:
     """A run that raised ``Retry`` goes on: *finish* hears when (a coalesced run keeps its
     key for the retry); any other ending hears ``None``."""
+    exception = make()
     heard: list[Any] = []
     hook = RequestHook()
     hook.listen(finish=lambda request, retry_in: heard.append(retry_in))
