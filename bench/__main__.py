@@ -19,6 +19,7 @@ BENCHES: tuple[str, ...] = (
     "stats",
     "policies",
     "concurrency",
+    "coalesce",
     "delay",
     "sync",
     "consumer",

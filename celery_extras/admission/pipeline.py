@@ -131,6 +131,19 @@ class Pipeline:
         compat.task_reserved(request)
         ticket.consumer.on_task_request(request)
 
+    def park_queued(self, ticket: Ticket, kind: str, seconds: float) -> str | None:
+        """Park *ticket*, queued in a gate, in the delay store for *seconds* (its message
+        stored, then acked): its entry's id, or ``None`` (still queued) when it cannot be
+        parked."""
+        arrival = getattr(ticket.consumer, DELAY_ATTR, None)
+        entry = (
+            park_message(arrival, ticket.request, ticket.name, kind, seconds) if arrival else None
+        )
+        if entry is not None:
+            compat.narrow_prefetch(ticket.consumer)
+            self._left(ticket, seconds)
+        return entry
+
     def _covered(self, ticket: Ticket) -> None:
         """Another run does *ticket*'s work: ack its message, forget the request."""
         compat.forget_held(ticket.request)
@@ -143,7 +156,7 @@ class Pipeline:
         parked = (
             hold.park is not None
             and arrival is not None
-            and park_message(arrival, ticket.request, ticket.name, hold.park, delay)
+            and park_message(arrival, ticket.request, ticket.name, hold.park, delay) is not None
         )
         if parked:
             gate.held(ticket, hold, parked=True)

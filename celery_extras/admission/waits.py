@@ -57,16 +57,16 @@ class TimerHolds:
         self._entries.clear()
 
 
-def park_message(arrival: Any, request: Any, name: str, kind: str, delay: float) -> bool:
-    """Park *request*'s message in the delay store for *delay* s, then ack it; ``False``
-    (nothing acked) when it cannot be parked: the caller holds it instead."""
+def park_message(arrival: Any, request: Any, name: str, kind: str, delay: float) -> str | None:
+    """Park *request*'s message in the delay store for *delay* s, then ack it: its entry's
+    id, or ``None`` (nothing acked) when it cannot be parked: the caller holds it instead."""
     message = request.message
     headers = message.headers or {}
     if "task" not in headers or "id" not in headers:
-        return False  # protocol 1 message: hold it instead
+        return None  # protocol 1 message: hold it instead
     parker = arrival.parker
     eid, entry = parker.entry_of_message(message, name, kind)
     if not parker.park(eid, entry, delay, request):
-        return False
+        return None
     request.acknowledge()
-    return True
+    return str(eid)

@@ -13,7 +13,9 @@ holds (:class:`~.redis_holds.RedisHolds`, or with no store this worker's
   and no slot);
 * **wait**: it is this key's waiting run, held here (unacked, no pool slot, the
   prefetch window widened) until the run ends: a release notice (or, should one be
-  lost, its next renewal) asks again.
+  lost, its next renewal) asks again. Held longer than ``extras_limit_max_hold``, it
+  is parked in the delay store (stored, then acked) until the run's lease ends; the
+  run's end makes it due at once, and whichever worker receives it asks again.
 
 While the store cannot be reached, ``extras_coalesce_on_store_error`` says what a
 message does: ``'hold'`` waits (unacked) and asks again every
@@ -35,13 +37,14 @@ from .. import compat
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
 from ..admission.notices import ALL, Bucket, ReleaseNotices
 from ..admission.spec import call_key
+from ..delay.gate import DELAY_ATTR
 from ..signals import task_coalesced
 from ..store.client import redis_client, store_key, store_safety, store_url, store_user
 from .redis_holds import RedisHolds
 from .results import ResultCopies
 from .sent import sent_at
 from .spec import CoalesceSpec
-from .table import CoalesceTable, Verdict
+from .table import CoalesceTable, Finished, Verdict
 
 __all__ = ["ASK_AGAIN", "CoalesceGate", "Holding"]
 
@@ -61,6 +64,9 @@ class Holding:
     #: when it was last asked for (or renewed), and when to ask again (monotonic clock)
     asked: float
     next_ask: float = 0.0
+    #: a waiting run: when it started to wait here, and the seconds left of the run's lease
+    since: float = 0.0
+    run_due: float = 0.0
 
 
 class CoalesceGate(Gate):
@@ -77,6 +83,7 @@ class CoalesceGate(Gate):
         self.wall = wall
         self.on_store_error: str = settings["coalesce_on_store_error"]
         self.store_retry: float = settings["limit_store_retry"]
+        self.max_hold: float = settings["limit_max_hold"]
         self.specs: dict[str, CoalesceSpec] = {}
         consequence = {
             "hold": "coalesced tasks wait (unacked) until it answers",
@@ -93,7 +100,8 @@ class CoalesceGate(Gate):
         self.waiting: dict[Bucket, list[tuple[Ticket, Holding]]] = {}
         self.results = ResultCopies(app)
         self.notices = ReleaseNotices(self.wake, "coalescing")
-        self.counts = {"runs": 0, "coalesced": 0, "waited": 0, "unheld": 0, "lost_holds": 0}
+        self.counts = {"runs": 0, "coalesced": 0, "waited": 0, "parked": 0, "unheld": 0,
+                       "lost_holds": 0}  # fmt: skip
         self._pipeline: Any = None
         self._consumer: Any = None
 
@@ -168,11 +176,15 @@ class CoalesceGate(Gate):
             return RUN
         if verdict.kind == "covered":
             self.counts["coalesced"] += 1
+            if verdict.ended:  # by a run that has ended: its result is there already
+                self.results.schedule(self._consumer, ticket.name, verdict.by, [ticket.request.id])
             task_coalesced.send(sender=ticket.name, request=ticket.request, by=verdict.by)
             return COVERED
         # ask again when the run's lease ends (its worker may have died), at the latest
         holding.next_ask = holding.asked + min(ASK_AGAIN, holding.lease / 3, verdict.due + 0.005)
+        holding.run_due = verdict.due
         if not queued:
+            holding.since = holding.asked
             self.counts["waited"] += 1
             self.waiting.setdefault(holding.bucket, []).append((ticket, holding))
             self._listen()
@@ -190,11 +202,13 @@ class CoalesceGate(Gate):
         for one in list(self.waiting) if bucket == ALL else [bucket]:
             for ticket, holding in list(self.waiting.get(one, ())):
                 verdict = self._ask(ticket, holding)
-                if verdict is None or verdict.kind == "wait":
+                if verdict is None:
+                    holding.next_ask = holding.asked + self.store_retry
                     continue
-                self._unwait(one, ticket)
                 answer = self._answer(ticket, holding, verdict, queued=True)
-                self._pipeline.resume(ticket, answer)
+                if answer is not QUEUED:
+                    self._unwait(one, ticket)
+                    self._pipeline.resume(ticket, answer)
 
     def _unwait(self, bucket: Bucket, ticket: Ticket) -> None:
         waiting = [w for w in self.waiting.get(bucket, []) if w[0] is not ticket]
@@ -215,11 +229,42 @@ class CoalesceGate(Gate):
         if ticket.retry_in is not None:
             self._step_aside(ticket, holding, ticket.retry_in)
             return
-        covered = self._call("finish", holding.bucket, ticket.request.id, holding.holder)
-        if covered:
-            self.results.schedule(self._consumer, ticket.name, ticket.request.id, covered)
+        done: Finished | None = self._call("finish", holding.bucket, ticket.request.id,
+                                           holding.holder)  # fmt: skip
+        if done is None:
+            return
+        self.results.schedule(self._consumer, ticket.name, ticket.request.id, done.covered)
+        if done.parked:
+            self._hurry(done.parked)
         if holding.bucket in self.waiting:
             self.wake(holding.bucket)
+
+    def _hurry(self, entry: str) -> None:
+        """Make the parked waiting run's entry due now (else it comes back when the run's
+        lease would have ended)."""
+        arrival = getattr(self._consumer, DELAY_ATTR, None)
+        if arrival is None:
+            return
+        try:
+            arrival.parker.store.hurry(entry)
+        except Exception as exc:
+            arrival.parker.store_failed("making a parked coalesced run due", exc)
+
+    def _park_long_waits(self, now: float) -> None:
+        """Park the waiting runs held here longer than ``extras_limit_max_hold``."""
+        for bucket, waiting in list(self.waiting.items()):
+            for ticket, holding in list(waiting):
+                if now - holding.since < self.max_hold:
+                    continue
+                seconds = max(holding.run_due - (now - holding.asked), 0.0) + 0.005
+                entry = self._pipeline.park_queued(ticket, "coalesce", seconds)
+                if entry is None:
+                    holding.since = now  # cannot park (no delay store, store down): held
+                    continue
+                self._unwait(bucket, ticket)
+                self.counts["parked"] += 1
+                self._call("park_wait", bucket, ticket.request.id, holding.holder, entry,
+                           seconds, holding.lease)  # fmt: skip
 
     def yielded(self, ticket: Ticket, seconds: float) -> None:
         found = self.holding.pop(id(ticket.request), None)
@@ -281,6 +326,7 @@ class CoalesceGate(Gate):
         for bucket, waiting in list(self.waiting.items()):
             if any(now >= holding.next_ask for _, holding in waiting):
                 self.wake(bucket)
+        self._park_long_waits(now)
 
     def info(self) -> dict[str, Any]:
         tasks = {name: {**spec.describe(), "running": 0, "waiting": 0}

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from ..admission.notices import Bucket, notice
 from ..scripts import load
-from .table import Verdict
+from .table import Finished, Verdict
 
 __all__ = ["SCRIPT", "RedisHolds"]
 
@@ -57,22 +57,28 @@ class RedisHolds:
         reply = self._call(bucket, "ask", mid, holder, int(sent * 1000), _ms(lease), keep,
                            retries, *bucket)  # fmt: skip
         due = int(reply[2]) / 1000 if len(reply) > 2 else 0.0
-        return Verdict(cast("Any", _text(reply[0])), _text(reply[1]), due)
+        ended = len(reply) > 3 and int(reply[3]) == 1
+        return Verdict(cast("Any", _text(reply[0])), _text(reply[1]), due, ended)
 
-    def finish(self, bucket: Bucket, mid: str, holder: str) -> list[str] | None:
-        """Run *mid* ended: the ids it covered (a run waiting is told through the channel),
-        or ``None`` when it was no longer the key's run."""
+    def finish(self, bucket: Bucket, mid: str, holder: str) -> Finished | None:
+        """Run *mid* ended: what it covered (a run waiting is told through the channel), or
+        ``None`` when it was no longer the key's run."""
         reply = self._call(bucket, "finish", mid, holder)
         if not reply:
             return None
         if int(reply[0]):
             self.client.publish(self.channel, notice(*bucket))
-        return [_text(one) for one in reply[1:]]
+        return Finished([_text(one) for one in reply[2:]], _text(reply[1]))
 
     def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
                    lease: float) -> bool:  # fmt: skip
         """Run *mid* goes on elsewhere: held *seconds* + *lease* for whoever receives it."""
         return bool(self._call(bucket, "aside", mid, holder, _ms(seconds + lease)))
+
+    def park_wait(self, bucket: Bucket, mid: str, holder: str, entry: str, seconds: float,
+                  lease: float) -> bool:  # fmt: skip
+        """The waiting run *mid* was parked as *entry*, due in *seconds* (see the table's)."""
+        return bool(self._call(bucket, "parked", mid, holder, _ms(seconds + lease), entry))
 
     def forget(self, bucket: Bucket, mid: str, holder: str) -> None:
         """The waiting run *mid* was dropped by *holder* (the broker delivers it again)."""

@@ -13,7 +13,10 @@ that reaches a worker:
 * ``"wait"``: the key runs, and started before this message was sent: this message is
   the waiting run, asked again (:meth:`ask` with the same id) when the run ends.
 
-A run whose lease ran out (its worker died) covers nothing any more: the ids it
+A key remembers its last run's start for :data:`REMEMBER` seconds after it ended, so a
+message sent before that run started but delivered after it ended (a backlog, a
+prefetched batch) is covered by it too. A run whose lease ran out (its worker died)
+covers nothing any more: the ids it
 covered, and its own, become *orphans*, inherited by the key's next run, so each
 caller's result still comes from a run that started after its message was sent.
 :class:`~.redis_holds.RedisHolds` keeps the same rules in Lua, cluster-wide; this
@@ -27,10 +30,13 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["KEEP", "CoalesceTable", "Hold", "KeyState", "Verdict"]
+__all__ = ["KEEP", "REMEMBER", "CoalesceTable", "Finished", "Hold", "KeyState", "Verdict"]
 
 #: ``coalesce(keep=...)``: whose arguments the waiting run takes.
 KEEP = ("first", "last")
+#: Seconds a key remembers its last run (and its orphans) after the last change: a message
+#: delivered later than that runs again rather than be covered (never lost).
+REMEMBER = 86400.0
 
 
 @dataclass
@@ -44,6 +50,8 @@ class Hold:
     cutoff: float = 0.0
     #: a run's ``retries`` header: a higher one is the same run going on (a retry)
     retries: int = 0
+    #: a waiting run parked in the delay store: its entry there (made due when the run ends)
+    entry: str = ""
 
 
 @dataclass
@@ -56,6 +64,8 @@ class KeyState:
     by: dict[str, str] = field(default_factory=dict)
     #: ids covered by a run that died: the next run covers them
     orphans: list[str] = field(default_factory=list)
+    #: the last run that ended (its id and cutoff), and until when it is remembered
+    last: Hold | None = None
 
     def empty(self) -> bool:
         return self.run is None and self.wait is None and not self.covered and not self.orphans
@@ -70,6 +80,17 @@ class Verdict:
     kind: Literal["run", "wait", "covered"]
     by: str = ""
     due: float = field(default=0.0, compare=False)
+    #: covered by a run that has ended already (its result can be copied at once)
+    ended: bool = field(default=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A run ended: the ids it covered, and the delay-store entry of the waiting run if it
+    is parked (the finisher makes it due at once)."""
+
+    covered: list[str]
+    parked: str = ""
 
 
 RUN = Verdict("run")
@@ -91,6 +112,8 @@ class CoalesceTable:
         if state.wait is not None and state.wait.until <= now:
             self._orphan(state, state.wait.id)  # its message comes back from the broker
             state.wait = None
+        if state.last is not None and state.last.until <= now:
+            state.last = None
         return state
 
     @staticmethod
@@ -133,10 +156,12 @@ class CoalesceTable:
             if run is None:  # the run ended: the waiting run starts, with what it covers
                 state.wait = None
                 return self._start(state, mid, holder, lease, retries)
-            wait.holder, wait.until = holder, now + lease
+            wait.holder, wait.until, wait.entry = holder, now + lease, ""
             return Verdict("wait", due=run.until - now)
         if run is not None and sent <= run.cutoff:
             return self._cover(state, run.id, mid)
+        if state.last is not None and sent <= state.last.cutoff:
+            return Verdict("covered", state.last.id, ended=True)  # sent before it started
         if wait is not None:
             if keep == "first" or run is None:
                 return self._cover(state, wait.id, mid)
@@ -152,20 +177,22 @@ class CoalesceTable:
         state.wait = Hold(mid, holder, now + lease)
         return Verdict("wait", due=run.until - now)
 
-    def finish(self, key: Hashable, mid: str, holder: str) -> list[str] | None:
-        """Run *mid* ended: the ids it covered, or ``None`` when it was no longer the key's
-        run (its lease ran out: another run covers its ids)."""
+    def finish(self, key: Hashable, mid: str, holder: str) -> Finished | None:
+        """Run *mid* ended: what it covered, or ``None`` when it was no longer the key's run
+        (its lease ran out: another run covers its ids)."""
         state = self._state(key)
         run = state.run
         if run is None or run.id != mid or run.holder != holder:
             self._drop_if_empty(key, state)
             return None
         state.run = None
+        state.last = Hold(mid, holder, self.clock() + REMEMBER, cutoff=run.cutoff)
         covered = state.covered.pop(mid, [])
         for one in covered:
             state.by.pop(one, None)
+        parked = state.wait.entry if state.wait is not None else ""
         self._drop_if_empty(key, state)
-        return covered
+        return Finished(covered, parked)
 
     def step_aside(
         self, key: Hashable, mid: str, holder: str, seconds: float, lease: float
@@ -177,6 +204,18 @@ class CoalesceTable:
         if run is None or run.id != mid or run.holder != holder:
             return False
         run.holder, run.until = "", self.clock() + seconds + lease
+        return True
+
+    def park_wait(self, key: Hashable, mid: str, holder: str, entry: str, seconds: float,
+                  lease: float) -> bool:  # fmt: skip
+        """The waiting run *mid* was parked in the delay store as *entry*, due in *seconds*:
+        its hold lasts *seconds* + *lease* for whichever worker receives it. ``False`` if
+        it was no longer *holder*'s."""
+        state = self._state(key)
+        wait = state.wait
+        if wait is None or wait.id != mid or wait.holder != holder:
+            return False
+        wait.holder, wait.until, wait.entry = "", self.clock() + seconds + lease, entry
         return True
 
     def forget(self, key: Hashable, mid: str, holder: str) -> None:
@@ -200,5 +239,5 @@ class CoalesceTable:
         return lost
 
     def _drop_if_empty(self, key: Hashable, state: KeyState) -> None:
-        if state.empty():
+        if state.empty() and state.last is None:
             self.keys.pop(key, None)

@@ -104,6 +104,15 @@ class MemoryDelayStore:
     def discard(self, entry_id: str) -> None:
         self.records.pop(entry_id, None)
 
+    def hurry(self, entry_id: str) -> bool:
+        record = self.records.get(entry_id)
+        if record is None or record.taken_by is not None or record.tokens:
+            return False
+        now = self.clock()
+        if record.due > now:
+            record.due = record.score = now
+        return True
+
     def depth(self) -> int:
         return sum(1 for r in self.records.values() if r.taken_by is None)
 

@@ -93,6 +93,10 @@ def delay_keys(prefix: str) -> dict[str, str]:
 DISCARD = load("delay_discard")
 
 
+#: Make a parked entry due now (``scripts/delay_hurry.lua``).
+HURRY = _NOW + load("delay_hurry")
+
+
 #: Take back a park no replica acknowledged, unless claimed or taken meanwhile
 #: (``scripts/delay_withdraw.lua``).
 WITHDRAW = load("delay_withdraw")
@@ -126,6 +130,7 @@ class RedisDelayStore:
         self._release = _DrainingScript(client, RELEASE)
         self._take = _DrainingScript(client, TAKE)
         self._discard = client.register_script(DISCARD)
+        self._hurry = client.register_script(HURRY)
 
     @property
     def _all(self) -> list[str]:
@@ -176,6 +181,10 @@ class RedisDelayStore:
                     raise result
             break
         return bool(parked), int(acked)
+
+    def hurry(self, entry_id: str) -> bool:
+        """Make a parked entry due now; ``False`` when unknown or already on its way."""
+        return bool(self._hurry(keys=self._all[:2], args=[entry_id]))
 
     def claim(self, lead: float, lease: float, tokens: list[str]) -> Claimed:
         reply = cast(

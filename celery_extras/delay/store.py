@@ -101,6 +101,10 @@ class DelayStore(Protocol):
         """Drop an entry that cannot be published (it is not valid)."""
         ...
 
+    def hurry(self, entry_id: str) -> bool:
+        """Make a parked entry due now; ``False`` when unknown or already on its way."""
+        ...
+
     def depth(self) -> int:
         """Entries parked and not yet taken."""
         ...

@@ -1,12 +1,16 @@
 -- Follows now_ms.lua. The rules of celery_extras/coalesce/table.py, for one key.
 -- KEYS[1]: the key's hash: run, wait (JSON {id, h (holder), u (lease end ms), c (cutoff ms),
--- r (retries)}), o (orphans, JSON list), b:<id> (the run covering <id>), n (task), k (key).
+-- r (retries), e (the waiting run's delay-store entry, when parked)}), last (the last run
+-- that ended: JSON {id, c}), o (orphans, JSON list), b:<id> (the run covering <id>), n (task), k (key).
 -- The ids a run covers are the list KEYS[1]..':c:'..<run id> (same hash tag).
 -- ARGV[1] is the operation, ARGV[2] the message id, ARGV[3] the holder:
 --   ask     ARGV 4: sent ms, 5: lease ms, 6: keep, 7: retries, 8: task, 9: key
---           -> {'run'|'wait'|'covered', covering id, ms until the run's lease ends (wait)}
---   finish  -> {} (no longer the run) or {1 if a run waits else 0, covered ids...}
+--           -> {'run'|'wait'|'covered', covering id, ms until the run's lease ends (wait),
+--               1 if the covering run has ended}
+--   finish  -> {} (no longer the run) or {1 if a run waits else 0, its parked entry or '',
+--              covered ids...}
 --   aside   ARGV 4: hold ms -> 1, or 0 if no longer the run
+--   parked  ARGV 4: hold ms, 5: delay-store entry -> 1, or 0 if no longer the waiting run
 --   forget  -> 1
 --   renew   ARGV 4: lease ms, ids from ARGV 5 -> the ids whose hold had run out
 -- Each write sets the keys' TTL to the longest lease + a day (orphans wait that long).
@@ -37,7 +41,7 @@ local function orphan(id)
   end
 end
 
-local run, wait = get('run'), get('wait')
+local run, wait, last = get('run'), get('wait'), get('last')
 if run and run.u <= now then orphan(run.id); run = nil end
 if wait and wait.u <= now then orphan(wait.id); wait = nil end
 
@@ -53,7 +57,7 @@ local function save(longest)
   put('run', run)
   put('wait', wait)
   if #orphans > 0 then redis.call('HSET', h, 'o', cjson.encode(orphans)) else redis.call('HDEL', h, 'o') end
-  if redis.call('HLEN', h) <= 2 and not run and not wait then  -- only n, k left
+  if redis.call('HLEN', h) <= 2 and not run and not wait then  -- only n, k left (no last)
     redis.call('DEL', h)
     return
   end
@@ -93,11 +97,13 @@ if op == 'ask' then
       wait = nil
       reply = start(lease, retries)
     else
-      wait.h, wait.u = holder, now + lease
+      wait.h, wait.u, wait.e = holder, now + lease, nil
       reply = {'wait', '', run.u - now}
     end
   elseif run and sent <= run.c then
     reply = cover(run.id, mid)
+  elseif last and sent <= last.c then
+    reply = {'covered', last.id, 0, 1}  -- sent before the last run started
   elseif wait then
     if keep == 'first' or not run then
       reply = cover(wait.id, mid)
@@ -130,9 +136,10 @@ elseif op == 'finish' then
   local covered = redis.call('LRANGE', list, 0, -1)
   redis.call('DEL', list)
   for _, one in ipairs(covered) do redis.call('HDEL', h, 'b:' .. one) end
+  redis.call('HSET', h, 'last', cjson.encode({id = run.id, c = run.c}))
   run = nil
   save(0)
-  reply = {wait and 1 or 0}
+  reply = {wait and 1 or 0, wait and wait.e or ''}
   for _, one in ipairs(covered) do table.insert(reply, one) end
   return reply
 elseif op == 'aside' then
@@ -141,6 +148,14 @@ elseif op == 'aside' then
     return 0
   end
   run.h, run.u = '', now + tonumber(ARGV[4])
+  save(tonumber(ARGV[4]))
+  return 1
+elseif op == 'parked' then
+  if not wait or wait.id ~= mid or wait.h ~= holder then
+    save(0)
+    return 0
+  end
+  wait.h, wait.u, wait.e = '', now + tonumber(ARGV[4]), ARGV[5]
   save(tonumber(ARGV[4]))
   return 1
 elseif op == 'forget' then

@@ -115,6 +115,71 @@ def test_keep_last_runs_the_newest_arguments(
     assert {v["tag"] for v in values} == {"d4"}
 
 
+def test_a_retry_keeps_the_key_for_the_whole_chain(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """A run that retries (twice, 1 s apart) is one run: a message sent during it waits for
+    the last attempt, then runs once."""
+    name = "tests.coalesce.retrying"
+    cluster.configure(include=INCLUDE)
+    cluster.worker("w1")
+    first = send(name, "k", "first")
+    wait_for(lambda: started(journal, name, "first"), timeout=30, what="the first attempt")
+    during = send(name, "k", "during")
+    assert first.get(timeout=60)["tag"] == "first"
+    assert during.get(timeout=60)["tag"] == "during"
+    runs = runs_of(journal, name)
+    assert [(e["tag"], e["retries"]) for e in runs] == [
+        ("first", 0), ("first", 1), ("first", 2), ("during", 0), ("during", 1), ("during", 2)
+    ]  # fmt: skip
+    assert runs[3]["start"] >= runs[2]["t"]  # after the whole chain of the first
+
+
+def test_a_long_wait_is_parked_and_starts_when_the_run_ends(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """A waiting run held longer than extras_limit_max_hold is parked in the delay store
+    (the prefetch window is not taken); the run's end makes it due at once."""
+    cluster.configure(include=INCLUDE, extras_limit_max_hold=0.5)
+    worker = cluster.worker("w1")
+    long = send(PER_KEY, "k", "long", 6.0, True)
+    wait_for(lambda: started(journal, PER_KEY, "long"), timeout=30, what="the long run")
+    waiting = send(PER_KEY, "k", "waiting", 0.05, True)
+    wait_for(lambda: coalesce_info(cluster, worker.hostname).get("parked") == 1, timeout=30,
+             what="the waiting run parked")  # fmt: skip
+    covered = [send(PER_KEY, "k", f"c{i}") for i in range(3)]
+    holds = RedisHolds(redis_client(cluster.app), store_key(cluster.app))
+    (key,) = list(holds.listing())
+    assert (key["wait"]["id"], key["wait"]["h"], bool(key["wait"]["e"])) == (waiting.id, "", True)
+    assert {r.get(timeout=60)["run"] for r in covered} == {waiting.id}
+    long.get(timeout=30)
+    runs = runs_of(journal, PER_KEY)
+    assert [e["tag"] for e in runs] == ["long", "waiting"]
+    gap = runs[1]["start"] - runs[0]["t"]
+    print(f"\nthe parked waiting run started {gap:.2f} s after the run ended (lease 30 s)")
+    assert 0 <= gap < 10.0  # made due by the run's end, not by its lease (30 s)
+
+
+def test_covered_messages_take_no_token_and_a_parked_run_keeps_its_key(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """coalesce() before limit("2/s"): 6 keys x 5 messages queued run 6 times, the covered
+    24 take no token; runs waiting longer than extras_limit_max_hold are parked by the
+    limit and keep their key meanwhile."""
+    name = "tests.coalesce.limited"
+    cluster.configure(include=INCLUDE, extras_limit_max_hold=0.2)
+    results = [send(name, f"k{i % 6}", i) for i in range(30)]
+    worker = cluster.worker("w1")
+    values = [r.get(timeout=60) for r in results]
+    runs = runs_of(journal, name)
+    assert sorted(e["key"] for e in runs) == [f"k{i}" for i in range(6)]
+    assert all(v["run"] in {e["id"] for e in runs if e["key"] == v["key"]} for v in values)
+    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=3).stats()
+    totals = stats[worker.hostname]["extras"]["tasks"][name]["total"]
+    assert totals["coalesced"] == 24
+    assert totals["rate_limited"] <= 6 and totals["parked"] >= 1
+
+
 def test_three_workers_two_thousand_messages_over_fifty_keys(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:

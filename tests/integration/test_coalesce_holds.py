@@ -40,9 +40,11 @@ def test_the_script_keeps_the_rules(
     assert all(not any(f.startswith("b:") for f in fields) for fields in leftover.values())
 
 
-def test_an_idle_key_leaves_nothing_in_the_store(holds: RedisHolds, client: Any) -> None:
+def test_an_idle_key_keeps_only_its_last_run_for_a_day(holds: RedisHolds, client: Any) -> None:
     SCENARIOS[0](_harness(holds, client))
-    assert list(client.scan_iter(f"{holds.prefix}:*")) == []
+    (key,) = list(client.scan_iter(f"{holds.prefix}:*"))
+    assert set(client.hgetall(key)) == {"n", "k", "last"}
+    assert 86_000_000 < client.pttl(key) <= 86_400_000
 
 
 def test_the_listing_shows_running_and_waiting_runs(holds: RedisHolds, client: Any) -> None:

@@ -9,11 +9,11 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from celery_extras import coalesce
+from celery_extras import coalesce, limit
 
 from .journal import Journal
 
-__all__ = ["crashy", "per_key", "retrying"]
+__all__ = ["crashy", "last", "limited", "per_key", "retrying"]
 
 
 def _key(args: Any, kwargs: Any) -> str:
@@ -59,3 +59,10 @@ def retrying(self: Task, key: str, tag: Any = None) -> dict[str, Any]:
     if self.request.retries < 2:
         raise self.retry(countdown=1)
     return result
+
+
+@coalesce(key=_key)
+@limit("2/s", burst=1)
+@shared_task(bind=True, name="tests.coalesce.limited")
+def limited(self: Task, key: str, tag: Any = None) -> dict[str, Any]:
+    return _run(self, key, tag, 0.01, announce=False)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from celery_extras.coalesce.table import CoalesceTable, Verdict
+from celery_extras.coalesce.table import REMEMBER, CoalesceTable, Verdict
 
 KEY = ("tasks.reindex", "account-1")
 LEASE = 30.0
@@ -32,6 +32,11 @@ class Harness:
         when = self.now() - 1.0 if sent is None else sent
         verdict: Verdict = self.holds.ask(KEY, mid, when, holder, lease, keep, retries)
         return verdict
+
+    def finish(self, mid: str, holder: str) -> list[str] | None:
+        """The ids run *mid* covered (sorted), or ``None`` when it was no longer the run."""
+        finished = self.holds.finish(KEY, mid, holder)
+        return None if finished is None else sorted(finished.covered)
 
     def later(self) -> float:
         """A send time after every run started so far."""
@@ -52,7 +57,19 @@ def queued_before_any_run_runs_once(h: Harness) -> None:
     assert h.ask("m0", "A", sent=sent) == RUN
     for i in range(1, 20):
         assert h.ask(f"m{i}", "AB"[i % 2], sent=sent) == covered("m0")
-    assert sorted(h.holds.finish(KEY, "m0", "A")) == sorted(f"m{i}" for i in range(1, 20))
+    assert h.finish("m0", "A") == sorted(f"m{i}" for i in range(1, 20))
+
+
+def sent_before_a_run_started_and_delivered_after_it_ended_is_covered(h: Harness) -> None:
+    """A backlog: m1 was sent before m0's run started, but reaches a worker after it ended:
+    m0's run did its work. A message sent after the run started runs again."""
+    sent = h.now() - 5.0
+    assert h.ask("m0", "A", sent=sent) == RUN
+    assert h.finish("m0", "A") == []
+    verdict = h.ask("m1", "B", sent=sent)
+    assert verdict == covered("m0") and verdict.ended
+    assert h.ask("m2", "B", sent=h.later()) == RUN
+    assert h.finish("m2", "B") == []
 
 
 def sent_during_a_run_gives_exactly_one_more(h: Harness) -> None:
@@ -64,10 +81,10 @@ def sent_during_a_run_gives_exactly_one_more(h: Harness) -> None:
         assert h.ask(f"c{i}", "AB"[i % 2], sent=h.later()) == covered("w")
     assert h.ask("w", "B") == WAIT  # asked again while the run goes on: still waiting
     assert LEASE - 2.0 < h.ask("w", "B").due <= LEASE  # when the run's lease ends
-    assert h.holds.finish(KEY, "r", "A") == []
+    assert h.finish("r", "A") == []
     assert h.ask("w", "B") == RUN
     assert h.ask("late", "A", sent=h.now() - 0.001) == covered("w")  # sent before w started
-    assert sorted(h.holds.finish(KEY, "w", "B")) == sorted([*(f"c{i}" for i in range(9)), "late"])
+    assert h.finish("w", "B") == sorted([*(f"c{i}" for i in range(9)), "late"])
     assert h.ask("next", "A", sent=h.later()) == RUN  # nothing runs: the next one runs
 
 
@@ -78,9 +95,9 @@ def keep_last_makes_the_newest_message_the_waiting_run(h: Harness) -> None:
     assert h.ask("w1", "B", keep="last") == covered("w2")  # w1 learns it is covered
     assert h.ask("w3", "B", sent=h.later(), keep="last") == WAIT  # replaces w2
     assert h.ask("w2", "A", keep="last") == covered("w3")
-    assert h.holds.finish(KEY, "r", "A") == []
+    assert h.finish("r", "A") == []
     assert h.ask("w3", "B", keep="last") == RUN
-    assert sorted(h.holds.finish(KEY, "w3", "B")) == ["w1", "w2"]
+    assert h.finish("w3", "B") == ["w1", "w2"]
 
 
 def a_dead_runs_key_frees_after_its_lease_and_its_callers_pass_on(h: Harness) -> None:
@@ -92,8 +109,8 @@ def a_dead_runs_key_frees_after_its_lease_and_its_callers_pass_on(h: Harness) ->
     assert h.holds.renew(KEY, ["w"], "B", 5.0) == []  # B lives on, A does not
     h.advance(0.35)
     assert h.ask("w", "B") == RUN
-    assert h.holds.finish(KEY, "r", "A") is None  # A comes back too late: not the run
-    assert sorted(h.holds.finish(KEY, "w", "B")) == ["c", "r"]
+    assert h.finish("r", "A") is None  # A comes back too late: not the run
+    assert h.finish("w", "B") == ["c", "r"]
 
 
 def a_second_delivery_of_a_live_run_is_covered_but_a_retry_goes_on(h: Harness) -> None:
@@ -103,8 +120,8 @@ def a_second_delivery_of_a_live_run_is_covered_but_a_retry_goes_on(h: Harness) -
     assert h.holds.step_aside(KEY, "r", "A", 60.0, LEASE)  # A's run raised Retry
     assert h.ask("w", "A", sent=h.later()) == WAIT  # sent meanwhile: waits for the chain
     assert h.ask("r", "B", retries=1) == RUN  # the retry, on B, is the same run
-    assert h.holds.finish(KEY, "r", "A") is None  # A no longer holds it
-    assert h.holds.finish(KEY, "r", "B") == []
+    assert h.finish("r", "A") is None  # A no longer holds it
+    assert h.finish("r", "B") == []
     assert h.ask("w", "A") == RUN
 
 
@@ -113,7 +130,7 @@ def a_retry_is_recognised_by_its_retries_header_without_stepping_aside(h: Harnes
     assert h.ask("r", "A") == RUN
     assert h.ask("r", "B", retries=1) == RUN
     assert h.ask("r", "C", retries=1) == covered("r")  # a second delivery of the retry
-    assert h.holds.finish(KEY, "r", "A") is None
+    assert h.finish("r", "A") is None
 
 
 def a_forgotten_waiting_run_passes_its_callers_on(h: Harness) -> None:
@@ -124,10 +141,10 @@ def a_forgotten_waiting_run_passes_its_callers_on(h: Harness) -> None:
     assert h.ask("c", "A", sent=h.later()) == covered("w")
     h.holds.forget(KEY, "w", "B")
     assert h.ask("w2", "A", sent=h.later()) == WAIT
-    assert h.holds.finish(KEY, "r", "A") == []
+    assert h.finish("r", "A") == []
     assert h.ask("w2", "A") == RUN
     assert h.ask("w", "C") == covered("w2")  # the redelivery: w2's run covers it
-    assert sorted(h.holds.finish(KEY, "w2", "A")) == ["c", "w"]
+    assert h.finish("w2", "A") == ["c", "w"]
 
 
 def renewal_reports_holds_that_ran_out(h: Harness) -> None:
@@ -136,21 +153,48 @@ def renewal_reports_holds_that_ran_out(h: Harness) -> None:
     h.advance(0.35)
     assert h.holds.renew(KEY, ["r"], "A", 0.2) == ["r"]
     assert h.ask("n", "B", sent=h.later()) == RUN
-    assert h.holds.finish(KEY, "n", "B") == ["r"]  # the run that ran out passed r on
+    assert h.finish("n", "B") == ["r"]  # the run that ran out passed r on
 
 
 def a_key_with_nothing_left_is_forgotten(h: Harness) -> None:
     assert h.ask("r", "A") == RUN
-    assert h.holds.finish(KEY, "r", "A") == []
+    assert h.finish("r", "A") == []
     assert h.ask("r2", "A", sent=h.later()) == RUN
     assert h.holds.step_aside(KEY, "r2", "A", 0.0, 0.2)
     h.advance(0.35)
     assert h.ask("x", "B", sent=h.later()) == RUN  # the stepped-aside hold ran out
-    assert sorted(h.holds.finish(KEY, "x", "B")) == ["r2"]  # and x covered it
+    assert h.finish("x", "B") == ["r2"]  # and x covered it
+
+
+def a_parked_waiting_run_is_made_due_when_the_run_ends(h: Harness) -> None:
+    """A waiting run that outlasts the prefetch window is parked in the delay store: the
+    run's end names its entry (to make it due at once), and whichever worker receives it
+    is the waiting run."""
+    assert h.ask("r", "A") == RUN
+    assert h.ask("w", "B", sent=h.later()) == WAIT
+    assert h.holds.park_wait(KEY, "w", "B", "entry-1", 20.0, LEASE)
+    assert not h.holds.park_wait(KEY, "w", "B", "entry-2", 20.0, LEASE)  # not B's any more
+    assert h.ask("c", "A", sent=h.later()) == covered("w")
+    finished = h.holds.finish(KEY, "r", "A")
+    assert finished is not None and (finished.covered, finished.parked) == ([], "entry-1")
+    assert h.ask("w", "C") == RUN  # released from the delay store to C
+    assert h.finish("w", "C") == ["c"]
+
+
+def a_parked_waiting_run_asked_again_while_the_run_goes_on_waits_again(h: Harness) -> None:
+    assert h.ask("r", "A") == RUN
+    assert h.ask("w", "B", sent=h.later()) == WAIT
+    assert h.holds.park_wait(KEY, "w", "B", "entry-1", 0.1, LEASE)
+    assert h.ask("w", "C") == WAIT  # came back before the run ended: C holds it now
+    finished = h.holds.finish(KEY, "r", "A")
+    assert finished is not None and finished.parked == ""  # held by C, not parked
+    assert h.ask("w", "C") == RUN
+    assert h.finish("w", "C") == []
 
 
 SCENARIOS = [
     queued_before_any_run_runs_once,
+    sent_before_a_run_started_and_delivered_after_it_ended_is_covered,
     sent_during_a_run_gives_exactly_one_more,
     keep_last_makes_the_newest_message_the_waiting_run,
     a_dead_runs_key_frees_after_its_lease_and_its_callers_pass_on,
@@ -159,6 +203,8 @@ SCENARIOS = [
     a_forgotten_waiting_run_passes_its_callers_on,
     renewal_reports_holds_that_ran_out,
     a_key_with_nothing_left_is_forgotten,
+    a_parked_waiting_run_is_made_due_when_the_run_ends,
+    a_parked_waiting_run_asked_again_while_the_run_goes_on_waits_again,
 ]
 
 
@@ -181,9 +227,13 @@ def test_the_table_keeps_the_rules(scenario: Callable[[Harness], None]) -> None:
     assert all(not state.covered and not state.by for state in table.keys.values())
 
 
-def test_an_idle_table_holds_nothing() -> None:
+def test_an_idle_key_keeps_only_its_last_run_for_a_day() -> None:
     clock = FakeClock()
     table = CoalesceTable(clock)
     h = Harness(table, clock, clock.advance)
     queued_before_any_run_runs_once(h)
-    assert table.keys == {}
+    (state,) = table.keys.values()
+    assert state.empty() and state.last is not None and state.last.id == "m0"
+    clock.advance(REMEMBER)
+    assert h.ask("m1", "A", sent=clock() - REMEMBER - 10) == RUN  # forgotten: runs again
+    assert h.finish("m1", "A") == []

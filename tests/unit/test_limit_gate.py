@@ -377,9 +377,9 @@ def test_a_fallback_slot_is_not_parked_as_booked(
     store.error = redis.ConnectionError("down")
     parked: list[float] = []
 
-    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> bool:
+    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> str | None:
         parked.append(delay)
-        return True
+        return "entry"
 
     monkeypatch.setattr(pipeline_module, "park_message", park)
     consumer, _arrival = gated_consumer()
@@ -444,9 +444,9 @@ def test_a_parked_wait_ends_at_its_booked_slot_whatever_time_passed_before_parki
     pipeline, gate, clock = limits
     stored: list[float] = []
 
-    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> bool:
+    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> str | None:
         stored.append(clock.now + delay)
-        return True
+        return "entry"
 
     def slow_receiver(sender: Any = None, **kwargs: Any) -> None:
         clock.now += 0.5
