@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
+from celery.signals import task_revoked
 
 from .. import compat
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
@@ -124,6 +125,7 @@ class CoalesceGate(Gate):
     def start(self, pipeline: Any, consumer: Any) -> None:
         self._pipeline, self._consumer = pipeline, consumer
         self.notices.start(consumer)
+        task_revoked.connect(self._discarded, weak=False, dispatch_uid=f"coalesce.{id(self)}")
         if self.specs and not self._has_store:
             logger.warning(
                 "celery-extras: no store (extras_redis_url, or a Redis broker): coalesce() "
@@ -266,6 +268,22 @@ class CoalesceGate(Gate):
                 self._call("park_wait", bucket, ticket.request.id, holding.holder, entry,
                            seconds, holding.lease)  # fmt: skip
 
+    def _discarded(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        """``task_revoked``: Celery discarded a message (revoked, expired). Were it the
+        waiting run of its key (parked, so it never reached this gate), or a run between
+        attempts, it goes, and what it covered resolves as it did (revoked)."""
+        name = getattr(sender, "name", None)
+        if name not in self.specs or getattr(sender, "app", None) is not self.app:
+            return
+        task_id = getattr(request, "id", None)
+        if not isinstance(task_id, str):
+            return
+        spec = self.specs[name]
+        bucket = (name, call_key(name, spec.key, request, "coalesce", "key", logger))
+        covered = self._call("drop", bucket, task_id)
+        if covered:
+            self.results.schedule(self._consumer, name, task_id, covered)
+
     def yielded(self, ticket: Ticket, seconds: float) -> None:
         found = self.holding.pop(id(ticket.request), None)
         if found is not None:
@@ -299,6 +317,7 @@ class CoalesceGate(Gate):
                 del self.holding[key]
                 self._step_aside(ticket, holding, 0.0)
         self.notices.stop()
+        task_revoked.disconnect(dispatch_uid=f"coalesce.{id(self)}")
 
     # -- renewal -------------------------------------------------------------------------------
 

@@ -80,6 +80,11 @@ class RedisHolds:
         """The waiting run *mid* was parked as *entry*, due in *seconds* (see the table's)."""
         return bool(self._call(bucket, "parked", mid, holder, _ms(seconds + lease), entry))
 
+    def drop(self, bucket: Bucket, mid: str) -> list[str] | None:
+        """Celery discarded *mid* before it ran (see the table's): what it covered."""
+        reply = self._call(bucket, "dropped", mid, "")
+        return [_text(one) for one in reply[1:]] if reply else None
+
     def forget(self, bucket: Bucket, mid: str, holder: str) -> None:
         """The waiting run *mid* was dropped by *holder* (the broker delivers it again)."""
         self._call(bucket, "forget", mid, holder)

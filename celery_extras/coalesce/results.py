@@ -3,7 +3,9 @@
 When a coalesced run ends, the worker's main process copies the run's stored state
 (success with its result, failure with its exception and traceback, revoked) to each
 id the run covered, through the app's result backend, so ``AsyncResult(id).get()``
-returns for every message sent, as Celery's own clients expect. The run's own state is
+returns for every message sent, as Celery's own clients expect. A covered message revoked
+before its run ended stays revoked (Celery 5.7 marks it so at once; older releases do
+not, so the copy does). The run's own state is
 written by Celery (its pool process, or the main process for a timeout or a lost
 process) around the time the pipeline hears the end, so the copy waits for it.
 """
@@ -15,6 +17,8 @@ from typing import Any
 
 from celery import Celery, states
 from celery.backends.base import DisabledBackend
+
+from .. import compat
 
 __all__ = ["ATTEMPTS", "SPACING", "ResultCopies"]
 
@@ -60,9 +64,13 @@ class ResultCopies:
                     run_id, ATTEMPTS * SPACING, state, len(covered),
                 )  # fmt: skip
                 return
+            revoked = compat.worker_revoked()
             for one in covered:
+                if one in revoked:  # revoked after it was covered: it stays revoked
+                    backend.mark_as_revoked(one, reason="revoked")
+                    continue
                 backend.store_result(one, meta.get("result"), state, meta.get("traceback"))
-            self.copied += len(covered)
+                self.copied += 1
         except Exception:
             self.gave_up += len(covered)
             logger.exception(

@@ -218,6 +218,24 @@ class CoalesceTable:
         wait.holder, wait.until, wait.entry = "", self.clock() + seconds + lease, entry
         return True
 
+    def drop(self, key: Hashable, mid: str) -> list[str] | None:
+        """Celery discarded message *mid* (revoked, expired) before it ran: if it was the
+        key's waiting run, or its run between attempts, it is no more; the ids it covered
+        (to resolve as it did), or ``None`` when it held nothing."""
+        state = self._state(key)
+        for hold in (state.wait, state.run):
+            if hold is not None and hold.id == mid and (hold is state.wait or not hold.holder):
+                covered = state.covered.pop(mid, [])
+                for one in covered:
+                    state.by.pop(one, None)
+                if hold is state.wait:
+                    state.wait = None
+                else:
+                    state.run = None
+                self._drop_if_empty(key, state)
+                return covered
+        return None
+
     def forget(self, key: Hashable, mid: str, holder: str) -> None:
         """The waiting run *mid* was dropped by *holder* (the broker delivers it again)."""
         state = self._state(key)

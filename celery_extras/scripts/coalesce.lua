@@ -11,6 +11,8 @@
 --              covered ids...}
 --   aside   ARGV 4: hold ms -> 1, or 0 if no longer the run
 --   parked  ARGV 4: hold ms, 5: delay-store entry -> 1, or 0 if no longer the waiting run
+--   dropped -> {} (held nothing) or {1, covered ids...}: Celery discarded the waiting run
+--              (or the run between attempts) before it ran
 --   forget  -> 1
 --   renew   ARGV 4: lease ms, ids from ARGV 5 -> the ids whose hold had run out
 -- Each write sets the keys' TTL to the longest lease + a day (orphans wait that long).
@@ -19,15 +21,31 @@ local h = KEYS[1]
 local op, mid, holder = ARGV[1], ARGV[2], ARGV[3]
 local DAY = 86400000
 
+-- A field that is not what this script wrote (garbage, a foreign write) reads as absent,
+-- so a damaged key heals at its next write instead of failing every call.
 local function get(field)
   local raw = redis.call('HGET', h, field)
-  if raw then return cjson.decode(raw) end
+  if not raw then return nil end
+  local ok, v = pcall(cjson.decode, raw)
+  if ok and type(v) == 'table' then return v end
   return nil
+end
+local function hold(field)
+  local v = get(field)
+  if not v or type(v.id) ~= 'string' or type(v.u) ~= 'number' then return nil end
+  if type(v.h) ~= 'string' then v.h = '' end
+  if type(v.c) ~= 'number' then v.c = 0 end
+  if type(v.r) ~= 'number' then v.r = 0 end
+  if type(v.e) ~= 'string' then v.e = nil end
+  return v
 end
 local function put(field, v)
   if v then redis.call('HSET', h, field, cjson.encode(v)) else redis.call('HDEL', h, field) end
 end
-local orphans = get('o') or {}
+local orphans = {}
+for _, one in ipairs(get('o') or {}) do
+  if type(one) == 'string' then table.insert(orphans, one) end
+end
 local function orphan(id)
   local list = h .. ':c:' .. id
   local ids = redis.call('LRANGE', list, 0, -1)
@@ -41,7 +59,7 @@ local function orphan(id)
   end
 end
 
-local run, wait, last = get('run'), get('wait'), get('last')
+local run, wait, last = hold('run'), hold('wait'), hold('last')
 if run and run.u <= now then orphan(run.id); run = nil end
 if wait and wait.u <= now then orphan(wait.id); wait = nil end
 
@@ -136,7 +154,7 @@ elseif op == 'finish' then
   local covered = redis.call('LRANGE', list, 0, -1)
   redis.call('DEL', list)
   for _, one in ipairs(covered) do redis.call('HDEL', h, 'b:' .. one) end
-  redis.call('HSET', h, 'last', cjson.encode({id = run.id, c = run.c}))
+  redis.call('HSET', h, 'last', cjson.encode({id = run.id, c = run.c, u = now}))
   run = nil
   save(0)
   reply = {wait and 1 or 0, wait and wait.e or ''}
@@ -158,6 +176,23 @@ elseif op == 'parked' then
   wait.h, wait.u, wait.e = '', now + tonumber(ARGV[4]), ARGV[5]
   save(tonumber(ARGV[4]))
   return 1
+elseif op == 'dropped' then
+  local which = nil
+  if wait and wait.id == mid then which = 'wait'
+  elseif run and run.id == mid and run.h == '' then which = 'run' end
+  if not which then
+    save(0)
+    return {}
+  end
+  local list = h .. ':c:' .. mid
+  local covered = redis.call('LRANGE', list, 0, -1)
+  redis.call('DEL', list)
+  for _, one in ipairs(covered) do redis.call('HDEL', h, 'b:' .. one) end
+  if which == 'wait' then wait = nil else run = nil end
+  save(0)
+  reply = {1}
+  for _, one in ipairs(covered) do table.insert(reply, one) end
+  return reply
 elseif op == 'forget' then
   if wait and wait.id == mid and wait.h == holder then
     orphan(mid)

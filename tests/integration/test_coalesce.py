@@ -99,6 +99,35 @@ def test_queued_twenty_times_runs_once_and_ten_during_a_run_give_exactly_one_mor
     assert (totals["received"], totals["coalesced"], totals["succeeded"]) == (31, 28, 3)
 
 
+def test_revoking_the_waiting_run_revokes_what_it_covers_and_a_covered_id_is_too_late(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE)
+    worker = cluster.worker("w1")
+    long = send(PER_KEY, "k", "long", 3.0, True)
+    wait_for(lambda: started(journal, PER_KEY, "long"), timeout=30, what="the long run")
+    waiting = send(PER_KEY, "k", "waiting")
+    covered = [send(PER_KEY, "k", f"c{i}") for i in range(3)]
+    wait_for(lambda: coalesce_info(cluster, worker.hostname)["coalesced"] == 3, timeout=30,
+             what="c0..c2 covered")  # fmt: skip
+    cluster.app.control.revoke(waiting.id)
+    long.get(timeout=30)
+    wait_for(lambda: all(r.state == "REVOKED" for r in [waiting, *covered]), timeout=30,
+             what="the waiting run and what it covers revoked")  # fmt: skip
+    assert [e["tag"] for e in runs_of(journal, PER_KEY)] == ["long"]
+    # a covered message revoked: it resolves revoked; the run it joined still happens
+    again = send(PER_KEY, "k", "again", 2.0, True)
+    wait_for(lambda: started(journal, PER_KEY, "again"), timeout=30, what="the next run")
+    follower = send(PER_KEY, "k", "follower")
+    late = send(PER_KEY, "k", "late")
+    wait_for(lambda: coalesce_info(cluster, worker.hostname)["coalesced"] == 4, timeout=30,
+             what="late covered")  # fmt: skip
+    cluster.app.control.revoke(late.id)
+    assert follower.get(timeout=30)["run"] == follower.id
+    assert again.get(timeout=30)["run"] == again.id
+    wait_for(lambda: late.state == "REVOKED", timeout=30, what="late revoked")
+
+
 def test_keep_last_runs_the_newest_arguments(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:

@@ -80,3 +80,21 @@ def test_a_finished_run_with_a_run_waiting_publishes_its_key(
         assert message is not None and parse_notice(message["data"]) == KEY
     finally:
         pubsub.close()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\xff not json", b"[1, 2]", b'{"id": 5, "u": "x"}', b'"text"', b"{}", b"null"],
+)
+def test_garbage_in_a_key_reads_as_absent_and_heals(
+    holds: RedisHolds, client: Any, garbage: bytes
+) -> None:
+    """Whatever sits in a key's fields (a foreign write, a damaged restore), the script
+    answers, and the key works again from its next write."""
+    h = _harness(holds, client)
+    name = holds.hash_key(*KEY)
+    for field in ("run", "wait", "last", "o"):
+        client.hset(name, field, garbage)
+    assert h.ask("m0", "A").kind == "run"
+    assert h.ask("m1", "B", sent=h.now() - 5.0).kind == "covered"
+    assert h.finish("m0", "A") == ["m1"]

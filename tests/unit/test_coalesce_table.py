@@ -192,6 +192,23 @@ def a_parked_waiting_run_asked_again_while_the_run_goes_on_waits_again(h: Harnes
     assert h.finish("w", "C") == []
 
 
+def a_waiting_run_celery_discarded_takes_what_it_covers_along(h: Harness) -> None:
+    """The waiting run was revoked (Celery discarded it on arrival): it and what it covers
+    are revoked together; the key is free for the next message."""
+    assert h.ask("r", "A") == RUN
+    assert h.ask("w", "B", sent=h.later()) == WAIT
+    assert h.ask("c", "A", sent=h.later()) == covered("w")
+    assert h.holds.drop(KEY, "nobody") is None
+    assert h.holds.drop(KEY, "r") is None  # a running run ends by its request, not here
+    assert h.holds.drop(KEY, "w") == ["c"]
+    assert h.finish("r", "A") == []
+    assert h.ask("n", "B", sent=h.later()) == RUN
+    assert h.holds.step_aside(KEY, "n", "B", 5.0, LEASE)  # parked by a limit...
+    assert h.holds.drop(KEY, "n") == []  # ...then revoked: the key is free
+    assert h.ask("o", "A", sent=h.later()) == RUN
+    assert h.finish("o", "A") == []
+
+
 SCENARIOS = [
     queued_before_any_run_runs_once,
     sent_before_a_run_started_and_delivered_after_it_ended_is_covered,
@@ -205,6 +222,7 @@ SCENARIOS = [
     a_key_with_nothing_left_is_forgotten,
     a_parked_waiting_run_is_made_due_when_the_run_ends,
     a_parked_waiting_run_asked_again_while_the_run_goes_on_waits_again,
+    a_waiting_run_celery_discarded_takes_what_it_covers_along,
 ]
 
 
