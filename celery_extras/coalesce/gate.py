@@ -41,6 +41,7 @@ from ..admission.spec import call_key
 from ..delay.gate import DELAY_ATTR
 from ..signals import task_coalesced
 from ..store.client import redis_client, store_key, store_safety, store_url, store_user
+from ..store.safety import COALESCING
 from .redis_holds import RedisHolds
 from .results import ResultCopies
 from .sent import sent_at
@@ -161,8 +162,8 @@ class CoalesceGate(Gate):
         if self.holds is self.local:
             local: Verdict = self.local.ask(*args)
             return local
-        if not self.health.up() or self.safety.refusal() is not None:
-            return None
+        if not self.health.up() or self.safety.evicts(COALESCING):
+            return None  # as in an outage: extras_coalesce_on_store_error says what to do
         try:
             verdict: Verdict = self.holds.ask(*args)
         except Exception as exc:

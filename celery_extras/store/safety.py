@@ -25,6 +25,7 @@ import redis
 from ..bounds import cut
 
 __all__ = [
+    "COALESCING",
     "FULL_RECHECK",
     "HEADROOM",
     "KEPT",
@@ -63,7 +64,14 @@ KEPT: tuple[Kept, ...] = (
     Kept("limit and cap overrides", False, "a task runs at its decorated limit again"),
     Kept("retry failure memory", True, "a retried item's backoff starts over"),
     Kept("concurrency slot holds", True, "a concurrency cap is exceeded"),
+    Kept(
+        "coalescing holds",
+        True,
+        "a key runs twice at once, or a covered message's result never comes",
+    ),
 )
+#: The coalescing holds of :data:`KEPT` (held back, as in an outage, where they may go).
+COALESCING = KEPT[-1]
 
 
 def at_risk(policy: str) -> tuple[Kept, ...]:
@@ -248,6 +256,14 @@ class StoreSafety:
         if verdict is None:
             return None  # unreadable: the park itself meets the outage, if it is one
         return None if self.allow_eviction or PARKED not in verdict.risk else "evicting"
+
+    def evicts(self, kept: Kept) -> bool:
+        """Whether *kept* must not go to the store now: it is full, or its policy may
+        evict *kept* and that was not allowed."""
+        if self._still_full():
+            return True
+        verdict = self.current()
+        return verdict is not None and not self.allow_eviction and kept in verdict.risk
 
     def parks_allowed(self) -> bool:
         return self.refusal() is None

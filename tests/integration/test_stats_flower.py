@@ -209,7 +209,8 @@ def test_flower_page_shows_each_worker_and_task_exactly(
             assert any(part.startswith("store: ") for part in lines[host]), lines[host]
             assert (
                 "store may evict parked tasks, revokes, limit and cap overrides, retry "
-                "failure memory, concurrency slot holds (maxmemory-policy allkeys-lru)"
+                "failure memory, concurrency slot holds, coalescing holds (maxmemory-policy "
+                "allkeys-lru)"
                 in lines[host]
             ), lines[host]
 

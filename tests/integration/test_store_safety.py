@@ -96,7 +96,8 @@ def test_an_evicting_store_loses_no_task_and_says_what_it_puts_at_risk(
     assert f"maxmemory-policy {policy}, which may evict" in log
     if policy == "allkeys-lru":
         assert store["at_risk"] == ["parked tasks", "revokes", "limit and cap overrides",
-                                    "retry failure memory", "concurrency slot holds"]  # fmt: skip
+                                    "retry failure memory", "concurrency slot holds",
+                                    "coalescing holds"]  # fmt: skip
         assert store["parking"] == "refused"
         assert gate["eta_parked"] == 0 and gate["park_refused"] == 1000
         assert "nothing is parked there" in log
@@ -104,12 +105,14 @@ def test_an_evicting_store_loses_no_task_and_says_what_it_puts_at_risk(
         assert listing[:2] == [
             "delay store: 0 entries waiting (maxmemory-policy allkeys-lru, may evict parked "
             "tasks, revokes, limit and cap overrides, retry failure memory, concurrency slot "
-            "holds)",
+            "holds, coalescing holds)",
             "  nothing is parked there: set maxmemory-policy noeviction, or "
             "extras_store_allow_eviction = True",
         ]
     else:
-        assert store["at_risk"] == ["retry failure memory", "concurrency slot holds"]
+        assert store["at_risk"] == [
+            "retry failure memory", "concurrency slot holds", "coalescing holds"
+        ]  # fmt: skip
         assert "parking" not in store
         print(f"volatile-lru: {gate['eta_parked']} parked, {gate['park_errors']} refused (OOM)")
         assert gate["eta_parked"] > 0 and gate["park_errors"] > 0
@@ -221,6 +224,7 @@ def test_the_policy_is_read_on_every_topology(client: Any) -> None:
             assert [k.what for k in verdict.risk] == [
                 "retry failure memory",
                 "concurrency slot holds",
+                "coalescing holds",
             ]
         finally:
             client.config_set("maxmemory-policy", "noeviction", target_nodes=node)
