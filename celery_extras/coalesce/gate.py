@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,13 +40,12 @@ from ..admission.notices import ALL, Bucket, ReleaseNotices
 from ..admission.spec import call_key
 from ..delay.gate import DELAY_ATTR
 from ..signals import task_coalesced
-from ..store.client import redis_client, store_key, store_safety, store_url, store_user
-from ..store.safety import COALESCING
-from .redis_holds import RedisHolds
+from ..store.client import store_user
+from .holds import Holds
 from .results import ResultCopies
 from .sent import sent_at
 from .spec import CoalesceSpec
-from .table import CoalesceTable, Finished, Verdict
+from .table import Finished, Verdict
 
 __all__ = ["ASK_AGAIN", "CoalesceGate", "Holding"]
 
@@ -69,6 +68,23 @@ class Holding:
     #: a waiting run: when it started to wait here, and the seconds left of the run's lease
     since: float = 0.0
     run_due: float = 0.0
+    #: a run whose hold ran out before renewal (another run of its key may have started)
+    lost: bool = False
+
+
+def _renewals_due(
+    holdings: Iterable[tuple[Ticket, Holding]], now: float
+) -> dict[tuple[Bucket, str, float], list[str]]:
+    """The runs whose hold is due for renewal (every third of its lease), by bucket and
+    holder; each is marked renewed now."""
+    due: dict[tuple[Bucket, str, float], list[str]] = {}
+    for ticket, holding in holdings:
+        if not holding.lost and now - holding.asked >= holding.lease / 3:
+            due.setdefault((holding.bucket, holding.holder, holding.lease), []).append(
+                ticket.request.id
+            )
+            holding.asked = now
+    return due
 
 
 class CoalesceGate(Gate):
@@ -93,10 +109,7 @@ class CoalesceGate(Gate):
         }
         self.health = store_user(app, logger, "coalescing holds",
                                  consequence[self.on_store_error], clock)  # fmt: skip
-        self.safety = store_safety(app)
-        self._has_store = store_url(app) is not None
-        self._store: RedisHolds | None = None
-        self.local = CoalesceTable(wall)
+        self.holds = Holds(app, self.health, wall)
         self.worker = uuid.uuid4().hex[:16]
         self.holding: dict[int, tuple[Ticket, Holding]] = {}  # runs, by id(request)
         self.waiting: dict[Bucket, list[tuple[Ticket, Holding]]] = {}
@@ -106,15 +119,6 @@ class CoalesceGate(Gate):
                        "lost_holds": 0}  # fmt: skip
         self._pipeline: Any = None
         self._consumer: Any = None
-
-    @property
-    def holds(self) -> Any:
-        """Where the holds are: the store's (cluster-wide), or this worker's table."""
-        if not self._has_store:
-            return self.local
-        if self._store is None:
-            self._store = RedisHolds(redis_client(self.app), store_key(self.app))
-        return self._store
 
     def handles(self, name: str) -> bool:
         return name in self.specs
@@ -127,7 +131,7 @@ class CoalesceGate(Gate):
         self._pipeline, self._consumer = pipeline, consumer
         self.notices.start(consumer)
         task_revoked.connect(self._discarded, weak=False, dispatch_uid=f"coalesce.{id(self)}")
-        if self.specs and not self._has_store:
+        if self.specs and not self.holds.shared:
             logger.warning(
                 "celery-extras: no store (extras_redis_url, or a Redis broker): coalesce() "
                 "holds are kept per worker, so two workers may run one key at once"
@@ -158,19 +162,8 @@ class CoalesceGate(Gate):
         retries = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
         sent = sent_at(headers, getattr(request, "eta", None), self.wall())
         holding.asked = self.clock()
-        args = (holding.bucket, request.id, sent, holding.holder, spec.lease, spec.keep, retries)
-        if self.holds is self.local:
-            local: Verdict = self.local.ask(*args)
-            return local
-        if not self.health.up() or self.safety.evicts(COALESCING):
-            return None  # as in an outage: extras_coalesce_on_store_error says what to do
-        try:
-            verdict: Verdict = self.holds.ask(*args)
-        except Exception as exc:
-            self.health.failed(exc)
-            return None
-        self.health.answered()
-        return verdict
+        return self.holds.ask(holding.bucket, request.id, sent, holding.holder, spec.lease,
+                              spec.keep, retries)  # fmt: skip
 
     def _answer(self, ticket: Ticket, holding: Holding, verdict: Verdict, queued: bool) -> Answer:
         if verdict.kind == "run":
@@ -190,15 +183,8 @@ class CoalesceGate(Gate):
             holding.since = holding.asked
             self.counts["waited"] += 1
             self.waiting.setdefault(holding.bucket, []).append((ticket, holding))
-            self._listen()
+            self.holds.listen(self.notices)
         return QUEUED
-
-    def _listen(self) -> None:
-        if isinstance(self.holds, RedisHolds) and not self.notices.listening:
-            try:
-                self.notices.listen(self.holds)
-            except Exception as exc:
-                self.health.failed(exc)
 
     def wake(self, bucket: Bucket) -> None:
         """Ask again for the waiting runs of *bucket* (every bucket for :data:`ALL`)."""
@@ -232,7 +218,7 @@ class CoalesceGate(Gate):
         if ticket.retry_in is not None:
             self._step_aside(ticket, holding, ticket.retry_in)
             return
-        done: Finished | None = self._call("finish", holding.bucket, ticket.request.id,
+        done: Finished | None = self.holds.call("finish", holding.bucket, ticket.request.id,
                                            holding.holder)  # fmt: skip
         if done is None:
             return
@@ -266,7 +252,7 @@ class CoalesceGate(Gate):
                     continue
                 self._unwait(bucket, ticket)
                 self.counts["parked"] += 1
-                self._call("park_wait", bucket, ticket.request.id, holding.holder, entry,
+                self.holds.call("park_wait", bucket, ticket.request.id, holding.holder, entry,
                            seconds, holding.lease)  # fmt: skip
 
     def _discarded(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
@@ -281,7 +267,7 @@ class CoalesceGate(Gate):
             return
         spec = self.specs[name]
         bucket = (name, call_key(name, spec.key, request, "coalesce", "key", logger))
-        covered = self._call("drop", bucket, task_id)
+        covered = self.holds.call("drop", bucket, task_id)
         if covered:
             self.results.schedule(self._consumer, name, task_id, covered)
 
@@ -291,18 +277,8 @@ class CoalesceGate(Gate):
             self._step_aside(ticket, found[1], seconds)
 
     def _step_aside(self, ticket: Ticket, holding: Holding, seconds: float) -> None:
-        self._call("step_aside", holding.bucket, ticket.request.id, holding.holder, seconds,
+        self.holds.call("step_aside", holding.bucket, ticket.request.id, holding.holder, seconds,
                    holding.lease)  # fmt: skip
-
-    def _call(self, what: str, *args: Any) -> Any:
-        """``holds.<what>(*args)``; ``None`` when the store failed (the hold's lease ends it)."""
-        if self.holds is self.local:
-            return getattr(self.local, what)(*args)
-        try:
-            return getattr(self.holds, what)(*args)
-        except Exception as exc:
-            self.health.failed(exc)
-            return None
 
     def stop(self) -> None:
         """Waiting runs are dropped (the broker delivers them again); runs that had not
@@ -310,7 +286,7 @@ class CoalesceGate(Gate):
         for bucket, waiting in list(self.waiting.items()):
             for ticket, holding in waiting:
                 compat.forget_held(ticket.request)
-                self._call("forget", bucket, ticket.request.id, holding.holder)
+                self.holds.call("forget", bucket, ticket.request.id, holding.holder)
         self.waiting.clear()
         admitted = self._pipeline.admitted if self._pipeline is not None else {}
         for key, (ticket, holding) in list(self.holding.items()):
@@ -326,16 +302,12 @@ class CoalesceGate(Gate):
         """Renew the holds due (every third of the lease), and ask again for the waiting runs
         due (their renewal): every :data:`ASK_AGAIN` seconds, or when the run's lease ends."""
         now = self.clock()
-        due: dict[tuple[Bucket, str, float], list[str]] = {}
-        for ticket, holding in self.holding.values():
-            if now - holding.asked >= holding.lease / 3:
-                due.setdefault((holding.bucket, holding.holder, holding.lease), []).append(
-                    ticket.request.id
-                )
-                holding.asked = now
-        for (bucket, holder, lease), ids in due.items():
-            lost = self._call("renew", bucket, ids, holder, lease)
+        for (bucket, holder, lease), ids in _renewals_due(self.holding.values(), now).items():
+            lost = self.holds.call("renew", bucket, ids, holder, lease)
             if lost:
+                for _, holding in self.holding.values():
+                    if holding.holder == holder:
+                        holding.lost = True  # renewed no more: its end frees nothing
                 self.counts["lost_holds"] += len(lost)
                 logger.error(
                     "celery-extras: the coalescing hold of %s ran past its lease (%.0f s) "
@@ -360,7 +332,7 @@ class CoalesceGate(Gate):
             **self.counts,
             "results_copied": self.results.copied,
             "results_given_up": self.results.gave_up,
-            "store": "shared" if self._has_store else "worker",
+            "store": "shared" if self.holds.shared else "worker",
             **self.health.info(),
             "on_store_error": self.on_store_error,
         }

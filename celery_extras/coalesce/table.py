@@ -117,8 +117,15 @@ class CoalesceTable:
         return state
 
     @staticmethod
-    def _orphan(state: KeyState, run_id: str) -> None:
-        for covered in [*state.covered.pop(run_id, []), run_id]:
+    def _release(state: KeyState, run_id: str) -> list[str]:
+        """The ids *run_id* covers, forgotten here."""
+        covered = state.covered.pop(run_id, [])
+        for one in covered:
+            state.by.pop(one, None)
+        return covered
+
+    def _orphan(self, state: KeyState, run_id: str) -> None:
+        for covered in [*self._release(state, run_id), run_id]:
             state.by.pop(covered, None)
             if covered not in state.orphans:
                 state.orphans.append(covered)
@@ -166,10 +173,10 @@ class CoalesceTable:
             if keep == "first" or run is None:
                 return self._cover(state, wait.id, mid)
             # keep="last": this message is the waiting run now, and covers the one it replaces
-            moved = [*state.covered.pop(wait.id, []), wait.id]
+            moved = [*self._release(state, wait.id), wait.id]
+            state.by.pop(wait.id, None)
             state.wait = Hold(mid, holder, now + lease)
             for covered in moved:
-                state.by.pop(covered, None)
                 self._cover(state, mid, covered)
             return Verdict("wait", due=run.until - now)
         if run is None:
@@ -187,9 +194,7 @@ class CoalesceTable:
             return None
         state.run = None
         state.last = Hold(mid, holder, self.clock() + REMEMBER, cutoff=run.cutoff)
-        covered = state.covered.pop(mid, [])
-        for one in covered:
-            state.by.pop(one, None)
+        covered = self._release(state, mid)
         parked = state.wait.entry if state.wait is not None else ""
         self._drop_if_empty(key, state)
         return Finished(covered, parked)
@@ -225,9 +230,7 @@ class CoalesceTable:
         state = self._state(key)
         for hold in (state.wait, state.run):
             if hold is not None and hold.id == mid and (hold is state.wait or not hold.holder):
-                covered = state.covered.pop(mid, [])
-                for one in covered:
-                    state.by.pop(one, None)
+                covered = self._release(state, mid)
                 if hold is state.wait:
                     state.wait = None
                 else:

@@ -46,10 +46,16 @@ local orphans = {}
 for _, one in ipairs(get('o') or {}) do
   if type(one) == 'string' then table.insert(orphans, one) end
 end
-local function orphan(id)
+-- The ids *id* covers, forgotten here (its list and their b: fields).
+local function release(id)
   local list = h .. ':c:' .. id
   local ids = redis.call('LRANGE', list, 0, -1)
   redis.call('DEL', list)
+  for _, one in ipairs(ids) do redis.call('HDEL', h, 'b:' .. one) end
+  return ids
+end
+local function orphan(id)
+  local ids = release(id)
   table.insert(ids, id)
   for _, one in ipairs(ids) do
     redis.call('HDEL', h, 'b:' .. one)
@@ -126,15 +132,11 @@ if op == 'ask' then
     if keep == 'first' or not run then
       reply = cover(wait.id, mid)
     else
-      local list = h .. ':c:' .. wait.id
-      local moved = redis.call('LRANGE', list, 0, -1)
-      redis.call('DEL', list)
+      local moved = release(wait.id)
       table.insert(moved, wait.id)
+      redis.call('HDEL', h, 'b:' .. wait.id)
       wait = {id = mid, h = holder, u = now + lease}
-      for _, one in ipairs(moved) do
-        redis.call('HDEL', h, 'b:' .. one)
-        cover(mid, one)
-      end
+      for _, one in ipairs(moved) do cover(mid, one) end
       reply = {'wait', '', run.u - now}
     end
   elseif not run then
@@ -150,10 +152,7 @@ elseif op == 'finish' then
     save(0)
     return {}
   end
-  local list = h .. ':c:' .. mid
-  local covered = redis.call('LRANGE', list, 0, -1)
-  redis.call('DEL', list)
-  for _, one in ipairs(covered) do redis.call('HDEL', h, 'b:' .. one) end
+  local covered = release(mid)
   redis.call('HSET', h, 'last', cjson.encode({id = run.id, c = run.c, u = now}))
   run = nil
   save(0)
@@ -184,10 +183,7 @@ elseif op == 'dropped' then
     save(0)
     return {}
   end
-  local list = h .. ':c:' .. mid
-  local covered = redis.call('LRANGE', list, 0, -1)
-  redis.call('DEL', list)
-  for _, one in ipairs(covered) do redis.call('HDEL', h, 'b:' .. one) end
+  local covered = release(mid)
   if which == 'wait' then wait = nil else run = nil end
   save(0)
   reply = {1}

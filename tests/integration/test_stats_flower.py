@@ -248,9 +248,9 @@ def test_flower_page_shows_each_worker_and_task_exactly(
         count = ("celery_extras_task_runtime_seconds_count",
                  (("task", "tests.stats.succeeds"), ("worker", b.hostname)))  # fmt: skip
         assert scrape[count] == 3
-        for worker in (a.hostname, b.hostname):  # five kinds of data the store may evict
+        for worker in (a.hostname, b.hostname):  # six kinds of data the store may evict
             labels = (("policy", "allkeys-lru"), ("worker", worker))
-            assert scrape[("celery_extras_store_evictable", labels)] == 5
+            assert scrape[("celery_extras_store_evictable", labels)] == 6
         assert flower.alive(), flower.log()[-3000:]
     finally:
         flower.stop()
