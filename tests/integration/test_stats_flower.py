@@ -210,8 +210,7 @@ def test_flower_page_shows_each_worker_and_task_exactly(
             assert (
                 "store may evict parked tasks, revokes, limit and cap overrides, retry "
                 "failure memory, concurrency slot holds, coalescing holds (maxmemory-policy "
-                "allkeys-lru)"
-                in lines[host]
+                "allkeys-lru)" in lines[host]
             ), lines[host]
 
         # in Flower's navigation, marked active on its page
