@@ -285,7 +285,9 @@ def delayed_command(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"due queues: {', '.join(listing['due_queues'])}, consumed by every worker "
                    f"beside its queue, because of {'; '.join(listing['uses'])}")  # fmt: skip
     else:
-        click.echo("due queues: none (no limit(), no retry_policy(), extras_eta_store off)")
+        click.echo(
+            "due queues: none (no limit(), retry_policy() or coalesce(), extras_eta_store off)"
+        )
     width = max((len(name) for name in listing["tasks"]), default=4)
     for name, entry in listing["tasks"].items():
         due_in = entry["next_due_in"]

@@ -171,6 +171,8 @@ def test_a_long_wait_is_parked_and_starts_when_the_run_ends(
     (the prefetch window is not taken); the run's end makes it due at once."""
     cluster.configure(include=INCLUDE, extras_limit_max_hold=0.5)
     worker = cluster.worker("w1")
+    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=3).stats()
+    assert "coalesce() on tests.coalesce.per_key" in stats[worker.hostname]["extras_delay"]["uses"]
     long = send(PER_KEY, "k", "long", 6.0, True)
     wait_for(lambda: started(journal, PER_KEY, "long"), timeout=30, what="the long run")
     waiting = send(PER_KEY, "k", "waiting", 0.05, True)

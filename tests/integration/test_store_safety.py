@@ -161,13 +161,13 @@ def active_queues(cluster: Cluster, hostname: str) -> list[str]:
 
 
 def test_an_app_that_parks_nothing_consumes_exactly_its_queues(cluster: Cluster, ns: str) -> None:
-    cluster.configure()  # tests.support.tasks: no limit(), no retry_policy(), no ETA store
+    cluster.configure()  # tests.support.tasks: no limit/retry_policy/coalesce, no ETA store
     worker = cluster.worker("w1", concurrency=2)
     assert active_queues(cluster, worker.hostname) == [ns]
     delay = stats_of(cluster, worker.hostname)["extras_delay"]
     assert delay == {"due_queues": [], "uses": []}
     assert extras(cluster, "delayed").stdout.splitlines()[1:] == [
-        "due queues: none (no limit(), no retry_policy(), extras_eta_store off)"
+        "due queues: none (no limit(), retry_policy() or coalesce(), extras_eta_store off)"
     ]
 
 
