@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import random
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -33,11 +31,11 @@ from celery import Celery, Task, shared_task
 from celery_extras import coalesce
 from celery_extras.coalesce.redis_holds import RedisHolds
 from celery_extras.coalesce.sent import SENT_HEADER
-from tests.support import proj
-from tests.support.brokers import REDIS_URL, require_broker
+from tests.support.brokers import REDIS_URL
 from tests.support.journal import Journal
-from tests.support.workers import WorkerProcess, wait_for
+from tests.support.workers import wait_for
 
+from .runs import Cluster
 from .table import Row
 
 __all__ = ["measure"]
@@ -101,40 +99,6 @@ def publish(app: Celery, variant: str, key: str, seconds: float = RUN_SECONDS) -
     return True
 
 
-class _Run:
-    """A namespace with its app, journal and workers, all stopped and cleaned on exit."""
-
-    def __init__(self) -> None:
-        self.broker = require_broker("redis")
-        self.ns = f"b{uuid.uuid4().hex[:10]}"
-        self.journal = Journal(self.ns)
-        self.app = proj.make_app(self.broker, self.ns, {}, INCLUDE)
-        self.env = proj.worker_env(self.broker, self.ns, {}, INCLUDE)
-        self.tmp = tempfile.TemporaryDirectory(prefix="bench-coalesce-")
-        self.workers: list[WorkerProcess] = []
-
-    def start(self, name: str, concurrency: int = 2) -> WorkerProcess:
-        worker = WorkerProcess(name, self.env, Path(self.tmp.name) / f"{name}.log",
-                               concurrency=concurrency)  # fmt: skip
-        self.workers.append(worker)
-        return worker.start(wait=False)
-
-    def __enter__(self) -> _Run:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for worker in self.workers:
-            worker.stop()
-        self.journal.clear()
-        self.app.control.purge()
-        self.app.close()
-        client = redis.Redis.from_url(REDIS_URL)
-        for key in client.scan_iter(f"*{self.ns}*", count=1000):
-            client.delete(key)
-        client.close()
-        self.tmp.cleanup()
-
-
 def _evalsha_calls() -> int:
     stats = _client().info("commandstats")
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
@@ -157,7 +121,7 @@ def _peak_per_key(runs: list[dict[str, Any]]) -> int:
 def workload(variant: str) -> dict[str, float]:
     """The one workload under *variant*: runs, lost updates, peak of one key, round trips."""
     rng = random.Random(24)
-    with _Run() as run:
+    with Cluster(INCLUDE) as run:
         for name in ("w1", "w2"):
             run.start(name)
         for worker in run.workers:
@@ -189,14 +153,14 @@ def workload(variant: str) -> dict[str, float]:
                 "trips": trips / MESSAGES}  # fmt: skip
 
 
-def _queue_empty(run: _Run) -> bool:
+def _queue_empty(run: Cluster) -> bool:
     """Nothing left in the run's queue (a Redis list on this broker)."""
     return int(_client().llen(run.ns)) == 0
 
 
 def stuck_after_sigkill(variant: str, keys: int = 5, lease: float = 3.0) -> int:
     """Keys of *variant* that run no more after the worker running them was SIGKILLed."""
-    with _Run() as run:
+    with Cluster(INCLUDE) as run:
         victim = run.start("victim", concurrency=keys)
         victim.wait_ready()
         for i in range(keys):
@@ -213,7 +177,7 @@ def stuck_after_sigkill(variant: str, keys: int = 5, lease: float = 3.0) -> int:
         return keys - len(ran)
 
 
-def _running(run: _Run) -> list[Any]:
+def _running(run: Cluster) -> list[Any]:
     active = run.app.control.inspect(timeout=1.0).active() or {}
     return [t for tasks in active.values() for t in tasks]
 

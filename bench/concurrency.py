@@ -14,21 +14,18 @@
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
 import redis
 from celery import Task, shared_task
 
 from celery_extras import concurrency
-from tests.support import proj
-from tests.support.brokers import REDIS_URL, require_broker
+from tests.support.brokers import REDIS_URL
 from tests.support.journal import Journal
-from tests.support.workers import WorkerProcess, wait_for
+from tests.support.workers import wait_for
 
+from .runs import Cluster
 from .table import Row
 
 __all__ = ["measure"]
@@ -91,43 +88,9 @@ def _peak(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
-class _Run:
-    """A namespace with its app, journal and workers, all stopped and cleaned on exit."""
-
-    def __init__(self) -> None:
-        self.broker = require_broker("redis")
-        self.ns = f"b{uuid.uuid4().hex[:10]}"
-        self.journal = Journal(self.ns)
-        self.app = proj.make_app(self.broker, self.ns, {}, INCLUDE)
-        self.env = proj.worker_env(self.broker, self.ns, {}, INCLUDE)
-        self.tmp = tempfile.TemporaryDirectory(prefix="bench-concurrency-")
-        self.workers: list[WorkerProcess] = []
-
-    def start(self, name: str, concurrency: int, queues: tuple[str, ...] = ()) -> WorkerProcess:
-        worker = WorkerProcess(name, self.env, Path(self.tmp.name) / f"{name}.log",
-                               concurrency=concurrency, queues=queues)  # fmt: skip
-        self.workers.append(worker)
-        return worker.start(wait=False)
-
-    def __enter__(self) -> _Run:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for worker in self.workers:
-            worker.stop()
-        self.journal.clear()
-        self.app.control.purge()
-        self.app.close()
-        client = redis.Redis.from_url(REDIS_URL)
-        for key in client.scan_iter(f"{self.ns}:*"):
-            client.delete(key)
-        client.close()
-        self.tmp.cleanup()
-
-
 def hand_over_ms(rounds: int = ROUNDS) -> list[float]:
     """Per round: ms from the holder's end on worker A to the waiter's start on worker B."""
-    with _Run() as run:
+    with Cluster(INCLUDE) as run:
         qa, qb = f"{run.ns}.a", f"{run.ns}.b"
         a = run.start("a", 2, (qa,))
         b = run.start("b", 2, (qb,))
@@ -153,7 +116,7 @@ def hand_over_ms(rounds: int = ROUNDS) -> list[float]:
 
 def side_by_side(task: str) -> tuple[float, int, int]:
     """(tasks/s, retries, peak running) for *TASKS* of *task* on 3 workers at concurrency 3."""
-    with _Run() as run:
+    with Cluster(INCLUDE) as run:
         for name in ("w1", "w2", "w3"):
             run.start(name, 3)
         for worker in run.workers:

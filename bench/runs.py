@@ -20,7 +20,7 @@ from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.journal import Journal
 from tests.support.workers import WorkerProcess
 
-__all__ = ["RssSampler", "Run", "rss_kb"]
+__all__ = ["Cluster", "RssSampler", "Run", "rss_kb"]
 
 
 def rss_kb(pid: int) -> int:
@@ -133,3 +133,38 @@ class Run:
                 client.close()
                 self.app.close()
                 self.tmp.cleanup()
+
+
+class Cluster:
+    """A namespace with its app (celery-extras, task modules *include*), journal and
+    workers; on exit the workers are stopped and every key of the namespace deleted."""
+
+    def __init__(self, include: tuple[str, ...]) -> None:
+        self.broker = require_broker("redis")
+        self.ns = f"b{uuid.uuid4().hex[:10]}"
+        self.journal = Journal(self.ns)
+        self.app = proj.make_app(self.broker, self.ns, {}, include)
+        self.env = proj.worker_env(self.broker, self.ns, {}, include)
+        self.tmp = tempfile.TemporaryDirectory(prefix="bench-cluster-")
+        self.workers: list[WorkerProcess] = []
+
+    def start(self, name: str, concurrency: int = 2, queues: tuple[str, ...] = ()) -> WorkerProcess:
+        worker = WorkerProcess(name, self.env, Path(self.tmp.name) / f"{name}.log",
+                               concurrency=concurrency, queues=queues)  # fmt: skip
+        self.workers.append(worker)
+        return worker.start(wait=False)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.journal.clear()
+        self.app.control.purge()
+        self.app.close()
+        client = redis.Redis.from_url(REDIS_URL)
+        for key in client.scan_iter(f"*{self.ns}*", count=1000):
+            client.delete(key)
+        client.close()
+        self.tmp.cleanup()
