@@ -19,7 +19,7 @@ from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from celery_extras import compat
-from celery_extras.admission.gate import QUEUED, RUN, Answer, Gate, Hold, Ticket
+from celery_extras.admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
 from celery_extras.admission.pipeline import TICK, Pipeline
 from celery_extras.admission.request_hook import request_hook
 from tests.support import worker_state as worker_state_support
@@ -66,6 +66,8 @@ class Scripted(Gate):
         self.started: list[tuple[Any, Any]] = []
         self.ticks = 0
         self.stops = 0
+        self.retries_heard: list[float | None] = []
+        self.yields: list[tuple[Any, float]] = []
 
     def handles(self, name: str) -> bool:
         return name in self.names
@@ -89,6 +91,10 @@ class Scripted(Gate):
 
     def finished(self, ticket: Ticket) -> None:
         self.ended.append(ticket.request)
+        self.retries_heard.append(ticket.retry_in)
+
+    def yielded(self, ticket: Ticket, seconds: float) -> None:
+        self.yields.append((ticket.request, seconds))
 
     def tick(self) -> None:
         self.ticks += 1
@@ -447,3 +453,64 @@ def test_the_hook_of_the_consumer_is_the_pipelines_listener(pipeline: Pipeline) 
     hook.listen(finish=None)  # the pipeline stopped listening: endings are not heard
     request.on_success((False, None, 0.1))
     assert pipeline.admitted != {}
+
+
+def test_covered_acks_the_message_and_nothing_runs(
+    pipeline: Pipeline, gates: tuple[RateGate, SlotsGate], asked: list[tuple[str, Any]]
+) -> None:
+    rate, slots = gates
+    rate.answers = [COVERED]
+    consumer = Consumer()
+    request = TaskRequest("1")
+    pipeline.submit(consumer, request, "t")
+    assert request.acked == 1 and consumer.ran == [] and asked == [("rate", request)]
+    assert not compat.request_pending(request) and (consumer.widened, consumer.narrowed) == (0, 0)
+    # queued, then covered when the gate resumes it: narrowed once, acked, never run
+    rate.answers = [QUEUED]
+    queued = TaskRequest("2")
+    pipeline.submit(consumer, queued, "t")
+    pipeline.resume(rate.queued[0], COVERED)
+    assert queued.acked == 1 and consumer.ran == [] and ("slots", queued) not in asked
+    assert (consumer.widened, consumer.narrowed) == (1, 1)
+
+
+def test_a_later_gate_parking_a_request_tells_the_earlier_gates_that_hear_endings(
+    asked: list[tuple[str, Any]],
+) -> None:
+    """The first gate hears endings (as coalescing does), the second parks: the first hears
+    that the request left this worker, for how long; the parked one is not its ending."""
+    first, second = SlotsGate(asked), RateGate(asked)
+    pipeline = Pipeline([first, second])
+    assert pipeline.register("t", BOTH)
+    second.answers = [Hold(30.0, park="limit")]
+    consumer, _arrival = arriving(parks=True)
+    request = TaskRequest("1")
+    pipeline.submit(consumer, request, "t")
+    assert first.yields == [(request, 30.0)] and first.ended == []
+    assert request.acked == 1
+    # a request queued in a gate and parked by it (park_queued): the gates before it hear too
+    second.answers = [QUEUED]
+    queued = TaskRequest("2")
+    pipeline.submit(consumer, queued, "t")
+    assert pipeline.park_queued(second.queued[0], "coalesce", 12.0) == "e-2"
+    assert first.yields[-1] == (queued, 12.0) and queued.acked == 1
+    assert (consumer.widened, consumer.narrowed) == (1, 1)
+    no_store = Consumer()
+    second.answers = [QUEUED]
+    pipeline.submit(no_store, TaskRequest("3"), "t")
+    assert pipeline.park_queued(second.queued[-1], "coalesce", 5.0) is None  # no delay store
+    pipeline.stop()
+    worker_state_support.clear()
+
+
+def test_finished_tells_the_gates_when_a_retry_comes(
+    pipeline: Pipeline, gates: tuple[RateGate, SlotsGate]
+) -> None:
+    _rate, slots = gates
+    consumer = Consumer()
+    retried, done = TaskRequest("1"), TaskRequest("2")
+    for request in (retried, done):
+        pipeline.submit(consumer, request, "t")
+    pipeline.finished(retried, 7.0)
+    pipeline.finished(done)
+    assert slots.ended == [retried, done] and slots.retries_heard == [7.0, None]
