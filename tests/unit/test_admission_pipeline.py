@@ -458,7 +458,7 @@ def test_the_hook_of_the_consumer_is_the_pipelines_listener(pipeline: Pipeline) 
 def test_covered_acks_the_message_and_nothing_runs(
     pipeline: Pipeline, gates: tuple[RateGate, SlotsGate], asked: list[tuple[str, Any]]
 ) -> None:
-    rate, slots = gates
+    rate, _slots = gates
     rate.answers = [COVERED]
     consumer = Consumer()
     request = TaskRequest("1")
