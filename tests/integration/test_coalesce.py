@@ -128,6 +128,21 @@ def test_revoking_the_waiting_run_revokes_what_it_covers_and_a_covered_id_is_too
     wait_for(lambda: late.state == "REVOKED", timeout=30, what="late revoked")
 
 
+def test_a_message_with_an_eta_counts_as_sent_at_its_eta(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """Sent before the long run started, but due 2 s later: that run does not do its work;
+    it waits, then runs after the long run."""
+    cluster.configure(include=INCLUDE)
+    cluster.worker("w1")
+    later = send(PER_KEY, "k", "later", 0.05, True, countdown=2)
+    long = send(PER_KEY, "k", "long", 4.0, True)
+    assert long.get(timeout=60)["run"] == long.id
+    assert later.get(timeout=60)["run"] == later.id
+    runs = runs_of(journal, PER_KEY)
+    assert [e["tag"] for e in runs] == ["long", "later"] and runs[1]["start"] >= runs[0]["t"]
+
+
 def test_keep_last_runs_the_newest_arguments(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:
