@@ -17,6 +17,7 @@ from celery import Celery
 from celery.bin.base import CeleryCommand, CLIContext
 
 from .bounds import shown
+from .limits.spec import limit_id
 from .settings import declared_settings, settings_of
 
 __all__ = ["extras"]
@@ -66,6 +67,11 @@ def show_settings(ctx: click.Context, as_json: bool) -> None:
 @click.argument("task_name", required=False)
 @click.argument("rate", required=False)
 @click.option("--burst", type=int, default=None, help="Tokens at once (default: the task's).")
+@click.option("--key", default=None, help="Only for this key of a per-key limit (one "
+              "customer's plan); other keys keep theirs.")  # fmt: skip
+@click.option("--limit", "which", type=click.IntRange(1, 1000), default=None,
+              help="Which limit() of a task that has several: its place, top first (as "
+              "--show lists them).")  # fmt: skip
 @click.option("--show", is_flag=True, help="List the limited tasks: stored rates and what each "
               "worker applies (TASK_NAME narrows it to one task).")  # fmt: skip
 @click.option("--reset", is_flag=True, help="Remove TASK_NAME's stored rate: back to its "
@@ -78,6 +84,8 @@ def limit_command(
     task_name: str | None,
     rate: str | None,
     burst: int | None,
+    key: str | None,
+    which: int | None,
     show: bool,
     reset: bool,
     timeout: float,
@@ -85,42 +93,58 @@ def limit_command(
     """Change the limit() of TASK_NAME to RATE (e.g. 10/s) on every worker, now and later.
 
     \b
-    celery -A proj extras limit TASK_NAME RATE [--burst N]
+    celery -A proj extras limit TASK_NAME RATE [--burst N] [--key K] [--limit N]
     celery -A proj extras limit --show [TASK_NAME]
-    celery -A proj extras limit --reset TASK_NAME
+    celery -A proj extras limit --reset TASK_NAME [--key K] [--limit N]
     """
     from .limits.control import limited_tasks, reset_limit, set_limit, show_limits
 
     app = app_of(ctx)
     if show and reset:
         raise click.UsageError("--show and --reset do not go together")
-    if show or reset:
-        if rate is not None or burst is not None:
-            raise click.UsageError("RATE and --burst go only with setting a limit")
-        if show:
-            _show_limits(show_limits(app, timeout), task_name)
-            return
-        if task_name is None:
-            raise click.UsageError("--reset needs TASK_NAME")
-        replies = reset_limit(app, task_name, timeout)
-        click.echo(f"{task_name}: stored rate removed; workers use its limit() again")
+    if key is not None and not 0 < len(key) <= 200:
+        raise click.BadParameter("expected 1 to 200 characters", param_hint="--key")
+    if show:
+        if rate is not None or burst is not None or key is not None or which is not None:
+            raise click.UsageError("--show takes only TASK_NAME")
+        _show_limits(show_limits(app, timeout), task_name)
+        return
+    if reset and (rate is not None or burst is not None):
+        raise click.UsageError("RATE and --burst go only with setting a limit")
+    if task_name is None or (rate is None and not reset):
+        raise click.UsageError("TASK_NAME and RATE are needed (or --show, or --reset TASK_NAME)")
+    which = _which_limit(task_name, which, limited_tasks(app, timeout))
+    for_key = f" for key {key!r}" if key else ""
+    if reset:
+        replies = reset_limit(app, task_name, timeout, key, which)
+        click.echo(f"{task_name}{for_key}: stored rate removed; workers use its limit() again")
         _echo_replies(replies)
         return
-    if task_name is None or rate is None:
-        raise click.UsageError("TASK_NAME and RATE are needed (or --show, or --reset TASK_NAME)")
-    known = limited_tasks(app, timeout)
+    assert rate is not None
+    try:
+        replies = set_limit(app, task_name, rate, burst, timeout, key, which)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="RATE/--burst") from None
+    click.echo(f"{task_name}{for_key}: {rate} stored; workers started later apply it too")
+    _echo_replies(replies)
+
+
+def _which_limit(task_name: str, which: int | None, known: dict[str, Any]) -> int:
+    """The place (1-based) of the limit() of *task_name* a change is for."""
     if task_name not in known:
         names = ", ".join(sorted(known)) or "none"
         raise click.ClickException(
             f"{task_name}: no worker limits this task and the app declares no limit() for it; "
             f"nothing stored (limited tasks: {names})"
         )
-    try:
-        replies = set_limit(app, task_name, rate, burst, timeout)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="RATE/--burst") from None
-    click.echo(f"{task_name}: {rate} stored; workers started later apply it too")
-    _echo_replies(replies)
+    declared = known[task_name]["app"] or []
+    if which is None and len(declared) > 1:
+        listed = ", ".join(f"{i}: {d['rate']}" for i, d in enumerate(declared, 1))
+        raise click.UsageError(f"{task_name} has {len(declared)} limit()s: name one with "
+                               f"--limit N ({listed})")  # fmt: skip
+    if which is not None and declared and which > len(declared):
+        raise click.BadParameter(f"{task_name} has {len(declared)} limit()s", param_hint="--limit")
+    return which or 1
 
 
 def _echo_replies(replies: list[dict[str, Any]]) -> None:
@@ -141,22 +165,47 @@ def _show_limits(shown: dict[str, Any], only: str | None) -> None:
         click.echo("no limited tasks (no worker answered, and the app declares no limit())")
     for name in names:
         task = tasks.get(name, {"app": None, "workers": {}})
-        declared = task["app"]
-        line = f"{name}: "
-        line += (
-            f"limit({declared['rate']}, burst={declared['burst']}, scope={declared['scope']})"
-            if declared
-            else "no limit() in this app"
-        )
-        line += f"; stored rate {stored[name]}" if name in stored else "; no stored rate"
-        click.echo(line)
+        declared: list[dict[str, Any]] = task["app"] or []
+        several = len(declared) > 1
+        specs: list[dict[str, Any] | None] = [*declared] or [None]
+        for place, spec in enumerate(specs, 1):
+            field = limit_id(name, place - 1)
+            line = f"{name}: " + (f"#{place} " if several else "")
+            line += _declared_text(spec) if spec else "no limit() in this app"
+            line += f"; stored rate {stored[field]}" if field in stored else "; no stored rate"
+            click.echo(line)
+            for (limit, key), text in sorted(_keyed(stored).items()):
+                if limit == field:
+                    click.echo(f"  key {key!r}: stored rate {text}")
         if name in stored and not task["workers"] and not declared:
             click.echo("  (stored for a task nobody limits: `--reset` removes it)")
         for worker, entry in sorted(task["workers"].items()):
-            in_force = entry.get("override") or entry.get("rate")
-            how = "stored rate" if entry.get("override") else "limit()"
-            click.echo(f"  {worker}: {in_force} burst {entry.get('burst')} ({how}, "
-                       f"{entry.get('scope')})")  # fmt: skip
+            for place, one in enumerate(entry.get("limits") or [entry], 1):
+                in_force = one.get("override") or one.get("rate")
+                how = "stored rate" if one.get("override") else "limit()"
+                at = f"#{place} " if "limits" in entry else ""
+                shadow = ", shadow" if one.get("shadow") else ""
+                click.echo(f"  {worker}: {at}{in_force} burst {one.get('burst')} ({how}, "
+                           f"{one.get('scope')}{shadow})")  # fmt: skip
+
+
+def _declared_text(spec: dict[str, Any]) -> str:
+    extra = "".join(f", {k}={spec[k]}" for k in ("cost", "shadow") if k in spec)
+    per_key = ", per key" if spec.get("per_key") else ""
+    return f"limit({spec['rate']}, burst={spec['burst']}, scope={spec['scope']}{per_key}{extra})"
+
+
+def _keyed(stored: dict[str, str]) -> dict[tuple[str, str], str]:
+    """The stored rates of one key of a limit: ``{(limit id, key): text}``."""
+    keyed = {}
+    for field, text in stored.items():
+        if field.startswith("["):
+            try:
+                limit, key = json.loads(field)
+            except (ValueError, TypeError):
+                continue
+            keyed[(str(limit), str(key))] = text
+    return keyed
 
 
 @extras.command(cls=CeleryCommand, name="concurrency")

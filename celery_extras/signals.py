@@ -15,12 +15,21 @@ __all__ = [
     "task_parked",
     "task_rate_limited",
     "task_released",
+    "task_shadow_limited",
 ]
 
 #: Sent in the worker's main process when a task must wait for a token (held in the
 #: worker or parked in the delay store). ``sender`` is the task name;
-#: ``request`` the :class:`celery.worker.request.Request`; ``wait`` the seconds to wait.
-task_rate_limited = Signal(name="task_rate_limited", providing_args={"request", "wait"})
+#: ``request`` the :class:`celery.worker.request.Request`; ``wait`` the seconds to wait;
+#: ``limit`` the limit that holds it (its rate, and its place when the task has several).
+task_rate_limited = Signal(name="task_rate_limited", providing_args={"request", "wait", "limit"})
+
+#: Sent in the worker's main process when a shadow limit (``limit(..., shadow=True)``)
+#: would have held a task that runs anyway. ``sender`` is the task name; ``request`` the
+#: request; ``wait`` the seconds it would have waited; ``limit`` as above.
+task_shadow_limited = Signal(
+    name="task_shadow_limited", providing_args={"request", "wait", "limit"}
+)
 
 #: Sent in the worker's main process when a task is parked in the delay store (its wait
 #: outlasts the prefetch window). ``sender`` is the task name; ``request`` the request

@@ -13,7 +13,7 @@ from ..coalesce.gate import CoalesceGate
 from ..coalesce.sent import stamp_sent
 from ..concurrency.gate import SlotGate
 from ..limits.gate import LimitGate
-from ..settings import Setting, choice, number, settings_of
+from ..settings import Setting, boolean, choice, number, settings_of
 from ..store.client import StoreStep
 from .decorators import track_app
 from .gate import GateFactory
@@ -81,6 +81,16 @@ POLICIES = Capability(
             "prefetch window widened). A longer wait parks the message in the delay store "
             "with its booked slot (stored, then the original acked); so does a retry whose "
             "countdown is longer.",
+        ),
+        Setting(
+            "limits_shadow",
+            False,
+            boolean,
+            "bool",
+            "Every ``limit()`` in shadow mode, as if declared with ``shadow=True``: evaluated "
+            "and counted (``shadow_limited``, and the wait it would have imposed, per limit "
+            "in ``inspect stats`` and Prometheus) but never delaying a task. To see what "
+            "limits would do to production before they are enforced.",
         ),
         Setting(
             "limit_on_store_error",

@@ -18,12 +18,12 @@ from celery import Celery, Task
 from ..coalesce.sent import coalesced_tasks
 from ..coalesce.spec import CoalesceSpec
 from ..concurrency.spec import ConcurrencySpec
-from ..limits.spec import LimitSpec
+from ..limits.spec import CostFunc, LimitSpec
 from ..retries.hook import install_retry
 from ..retries.policies import RetryPolicy
 from ..retries.spec import RetrySpec
 from .consumer import admitted_strategy
-from .registry import policies_of, record, target_of, tasks_made_from
+from .registry import TaskPolicies, policies_of, record, target_of, tasks_made_from
 from .spec import KeyFunc
 
 __all__ = ["apply_policies", "coalesce", "concurrency", "limit", "retry_policy", "track_app"]
@@ -41,16 +41,24 @@ def limit(
     burst: int | None = None,
     scope: str = "global",
     key: KeyFunc | None = None,
+    cost: int | CostFunc = 1,
+    shadow: bool = False,
 ) -> Callable[[T], T]:
     """Limit a task to *rate* (``"10/s"``, ``"100/m"``, ``"1000/h"``), *burst* at once.
 
     ``scope="global"``: one bucket shared by every worker (on Redis);
     ``scope="worker"``: one per worker. ``key(args, kwargs)`` gives each key its own
-    bucket. A task that must wait never holds a pool slot, is never run early and
-    never lost.
+    bucket. Each call takes *cost* tokens (an int, or ``cost(args, kwargs)``; 0 takes
+    none). Stacked limits all hold: a task runs when every one admits it. A *shadow*
+    limit is evaluated and counted (``shadow_limited``) but never delays. A task that
+    must wait never holds a pool slot, is never run early and never lost.
     """
 
-    return _recording("limit", lambda name: LimitSpec.build(name, rate, burst, scope, key))
+    def build(name: str, declared: TaskPolicies) -> tuple[LimitSpec, ...]:
+        spec = LimitSpec.build(name, rate, burst, scope, key, cost, shadow)
+        return (spec, *declared.limits)  # decorators apply bottom-up: this one is on top
+
+    return _recording("limits", build)
 
 
 def concurrency(
@@ -68,7 +76,9 @@ def concurrency(
     never runs over the cap and is never lost.
     """
 
-    return _recording("concurrency", lambda name: ConcurrencySpec.build(name, n, key, scope, lease))
+    return _recording(
+        "concurrency", lambda name, _: ConcurrencySpec.build(name, n, key, scope, lease)
+    )
 
 
 def coalesce(*, key: KeyFunc, keep: str = "first", lease: float = 30.0) -> Callable[[T], T]:
@@ -82,7 +92,7 @@ def coalesce(*, key: KeyFunc, keep: str = "first", lease: float = 30.0) -> Calla
     the run goes on, so a dead worker's key frees itself.
     """
 
-    def build(name: str) -> CoalesceSpec:
+    def build(name: str, _: TaskPolicies) -> CoalesceSpec:
         spec = CoalesceSpec.build(name, key, keep, lease)
         coalesced_tasks.add(name)  # its producers stamp the send time
         return spec
@@ -106,17 +116,19 @@ def retry_policy(
     """
 
     return _recording(
-        "retry", lambda name: RetrySpec.build(name, on, policy, max_retries, per_item, key)
+        "retry", lambda name, _: RetrySpec.build(name, on, policy, max_retries, per_item, key)
     )
 
 
-def _recording(policy: str, build: Callable[[str], Any]) -> Callable[[T], T]:
-    """A decorator recording ``build(task name)`` as the task's *policy* and applying it in
-    every app already finalized (checked now: errors name the task and the argument)."""
+def _recording(policy: str, build: Callable[[str, TaskPolicies], Any]) -> Callable[[T], T]:
+    """A decorator recording ``build(task name, policies declared so far)`` as the task's
+    *policy* and applying it in every app already finalized (checked now: errors name the
+    task and the argument)."""
 
     def decorate(task: T) -> T:
         fun, name = target_of(task)
-        setattr(record(fun), policy, build(name))
+        declared = record(fun)
+        setattr(declared, policy, build(name, declared))
         _apply_everywhere(fun)
         return task
 

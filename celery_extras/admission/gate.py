@@ -3,10 +3,11 @@
 A gate answers one question for an arriving request: :data:`RUN` (go on to the next
 gate, then the pool), :class:`Hold` (come back in *seconds*, in the worker's timer or
 parked in the delay store), :data:`QUEUED` (the gate keeps the request and resumes
-it itself, as a slot frees) or :data:`COVERED` (another run does this message's work:
-it is acked and never runs). A gate that let a request through and asked to hear how
-it ended (:attr:`Gate.hears_endings`) is told once, whatever the ending, or that the
-request left this worker before running (:meth:`Gate.yielded`).
+it itself, as a slot frees), :data:`COVERED` (another run does this message's work:
+it is acked and never runs) or :class:`Refuse` (it can never pass: it fails at once).
+A gate that let a request through and asked to hear how it ended
+(:attr:`Gate.hears_endings`) is told once, whatever the ending, or that the request
+left this worker before running (:meth:`Gate.yielded`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "GateFactory",
     "Hold",
     "Queued",
+    "Refuse",
     "Run",
     "Ticket",
 ]
@@ -58,6 +60,14 @@ COVERED = Covered()
 
 
 @dataclass(frozen=True)
+class Refuse:
+    """The request can never pass this gate: it fails at once with *error* (its message
+    is acked, its result is a failure naming the task and the reason)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
 class Hold:
     """Ask this gate again in *seconds*.
 
@@ -71,7 +81,7 @@ class Hold:
     due: float | None = None
 
 
-Answer = Run | Hold | Queued | Covered
+Answer = Run | Hold | Queued | Covered | Refuse
 
 
 @dataclass(eq=False)
@@ -85,8 +95,9 @@ class Ticket:
     stage: int = 0
     #: what each gate keeps about this request (its booked slot, its grant), by gate label
     notes: dict[str, Any] = field(default_factory=dict)
-    #: the due time of a slot booked before the request was parked (verified on release)
-    released_slot: float | None = None
+    #: the due time of a slot booked before the request was parked (verified on release),
+    #: and the index of the limit it was booked in (``None``: every limit)
+    released_slot: tuple[float, int | None] | None = None
     #: ticks of the pipeline that found the running request gone from Celery's state
     unseen: int = 0
     #: how it ended: ``None``, or the seconds until its retry when it raised ``Retry``

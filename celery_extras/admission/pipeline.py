@@ -20,13 +20,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from celery import signals
+
 from .. import compat
 from ..delay.gate import DELAY_ATTR
-from .gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
+from .gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Refuse, Ticket
 from .request_hook import request_hook
 from .waits import TimerHolds, park_message
 
-__all__ = ["PIPELINE_ATTR", "TICK", "Pipeline"]
+__all__ = ["PIPELINE_ATTR", "TICK", "AdmissionRefused", "Pipeline"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +36,10 @@ logger = logging.getLogger(__name__)
 PIPELINE_ATTR = "extras_admission"
 #: Seconds between the pipeline's ticks (gates renew leases, endings unseen are found).
 TICK = 0.25
+
+
+class AdmissionRefused(Exception):
+    """A task its gates can never admit (a cost above its limit's burst): its failure."""
 
 
 class Pipeline:
@@ -117,6 +123,9 @@ class Pipeline:
             elif answer is COVERED:
                 self._covered(ticket)
                 return
+            elif isinstance(answer, Refuse):
+                self._refused(ticket, answer.error)
+                return
             else:
                 assert isinstance(answer, Hold)
                 self._wait(ticket, gate, answer)
@@ -148,6 +157,21 @@ class Pipeline:
         """Another run does *ticket*'s work: ack its message, forget the request."""
         compat.forget_held(ticket.request)
         ticket.request.acknowledge()
+
+    def _refused(self, ticket: Ticket, error: str) -> None:
+        """*ticket* can never pass a gate: it fails with :class:`AdmissionRefused`, as a task
+        that raised it would (result, event, ``task_failure``), and its message is acked."""
+        logger.error("celery-extras: %s[%s] refused: %s", ticket.name, ticket.request.id, error)
+        request, exc = ticket.request, AdmissionRefused(error)
+        compat.forget_held(request)
+        try:
+            request.task.backend.mark_as_failure(request.id, exc, store_result=request.store_errors)
+            signals.task_failure.send(sender=request.task, task_id=request.id, exception=exc,
+                                      args=request.args, kwargs=request.kwargs)  # fmt: skip
+            request.send_event("task-failed", exception=repr(exc), traceback="")
+        except Exception:  # a result backend that fails: the message still goes
+            logger.exception("celery-extras: could not store the failure of %s", request.id)
+        request.acknowledge()
 
     def _wait(self, ticket: Ticket, gate: Gate, hold: Hold) -> None:
         """Hold *ticket* in the timer for the wait *gate* asked, or park it."""

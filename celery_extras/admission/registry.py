@@ -29,20 +29,20 @@ POLICY_ATTR = "__extras_policies__"
 
 @dataclass
 class TaskPolicies:
-    """The limit, concurrency limit, coalescing and retry policy declared on one task
-    function."""
+    """The limits, concurrency limit, coalescing and retry policy declared on one task
+    function. ``limits`` are in reading order: the top ``limit()`` first."""
 
-    limit: LimitSpec | None = None
+    limits: tuple[LimitSpec, ...] = ()
     retry: RetrySpec | None = None
     concurrency: ConcurrencySpec | None = None
     coalesce: CoalesceSpec | None = None
 
     #: the policies read by a gate of the admission pipeline: a task with any of them
     #: takes the pipeline's path (its strategy is :func:`~.consumer.admitted_strategy`)
-    GATED: ClassVar[tuple[str, ...]] = ("coalesce", "limit", "concurrency")
+    GATED: ClassVar[tuple[str, ...]] = ("coalesce", "limits", "concurrency")
 
     def gated(self) -> bool:
-        return any(getattr(self, policy) is not None for policy in self.GATED)
+        return any(getattr(self, policy) not in (None, ()) for policy in self.GATED)
 
 
 def _function_of_task(task: Task) -> Callable[..., Any] | None:

@@ -30,7 +30,7 @@ def parking_uses(app: Celery) -> list[str]:
     uses = ["extras_eta_store"] if settings_of(app)["eta_store"] else []
     for name, task in sorted(app.tasks.items()):
         policies = policies_of(task)
-        if policies is not None and policies.limit is not None:
+        if policies is not None and policies.limits:
             uses.append(f"limit() on {name}")
         if policies is not None and policies.retry is not None:
             uses.append(f"retry_policy() on {name}")

@@ -70,15 +70,17 @@ class ArrivalGate:
         self.store_retry = store_retry
         self.clock = clock
         self.wall = wall
-        self.slots: dict[str, float] = {}  # task id -> due time of its booked slot (clock)
+        #: task id -> due time (clock) of its booked slot, and the index of its limit
+        self.slots: dict[str, tuple[float, int | None]] = {}
         self.holds = TimerHolds()  # messages held while the store is away
         self.counts = {"taken": 0, "duplicates": 0, "unverified": 0, "eta_parked": 0}
         self._warned_unverified = 0.0
 
     # -- the limits read this ------------------------------------------------------------------
 
-    def pop_slot(self, task_id: str) -> float | None:
-        """The due time (on :attr:`clock`) of the verified slot of *task_id*, once."""
+    def pop_slot(self, task_id: str) -> tuple[float, int | None] | None:
+        """The due time (on :attr:`clock`) of the verified slot of *task_id* and the index of
+        the limit it was booked in, once."""
         return self.slots.pop(task_id, None)
 
     # -- strategies --------------------------------------------------------------------------
@@ -145,10 +147,11 @@ class ArrivalGate:
             self._unverified(name, "not in the delay store")
             return "ordinary"
         self.counts["taken"] += 1
-        if taken.kind == "limit":
+        limit = limit_of_kind(taken.kind)
+        if limit is not None:
             if len(self.slots) >= _MAX_SLOTS:
                 self.slots.clear()
-            self.slots[task_id] = self.clock() + taken.due_in
+            self.slots[task_id] = (self.clock() + taken.due_in, limit)
         return "run"
 
     def _unverified(self, name: str, why: str) -> None:
@@ -198,3 +201,14 @@ class ArrivalGate:
     def info(self) -> dict[str, Any]:
         return {**self.counts, **self.parker.counts, "held_for_store": len(self.holds),
                 "store": "down" if self.parker.down else "ok"}  # fmt: skip
+
+
+def limit_of_kind(kind: str) -> int | None:
+    """The limit a parked entry of *kind* booked its slot in: ``"limit"`` (the first, as
+    every entry a task with one limit parks) or ``"limit:<index>"``; ``None`` for others."""
+    if kind == "limit":
+        return 0
+    head, _, index = kind.partition(":")
+    if head == "limit" and index.isdigit() and len(index) <= 3:
+        return int(index)
+    return None

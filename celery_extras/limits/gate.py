@@ -1,8 +1,9 @@
 """The limit gate of the admission pipeline: token-bucket limits before the pool.
 
 The decisions are :class:`~.planner.LimitPlanner`'s, on an injected clock; this gate
-asks it for each arriving request of a task with ``limit()``, which books a slot
-in its bucket (global on Redis, or local) and then:
+asks it for each arriving request of a task with ``limit()`` (one or several), which
+admits it under all of them at once (:mod:`.all_of`: taken now, or the slot of the
+limit that makes it wait longest booked) and then:
 
 * runs now when the slot is now;
 * waits when it is later: held in the worker's timer when the wait is at most
@@ -12,8 +13,11 @@ in its bucket (global on Redis, or local) and then:
   alone books nothing). The pipeline carries either out.
 
 A held request asked again uses its booked slot if it is at most
-:meth:`~.planner.LimitPlanner.late_tolerance` late, and books a new one otherwise.
-Waits are reported with :data:`celery_extras.signals.task_rate_limited`.
+:meth:`~.planner.LimitPlanner.late_tolerance` late (its other limits are asked then),
+and books a new one otherwise. A cost a limit cannot hand out fails the task at once
+(:class:`~celery_extras.admission.gate.Refuse`). Waits are reported with
+:data:`celery_extras.signals.task_rate_limited` (naming the limit that held the task);
+a shadow limit that would have held it, with :data:`~celery_extras.signals.task_shadow_limited`.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ from typing import Any
 
 from celery import Celery
 
-from ..admission.gate import RUN, Answer, Gate, Hold, Ticket
-from ..signals import task_rate_limited
+from ..admission.gate import RUN, Answer, Gate, Hold, Refuse, Ticket
+from ..signals import task_rate_limited, task_shadow_limited
 from ..store.client import redis_client, store_key, store_user
 from .planner import LimitPlanner
 from .rate import format_rate
 from .redis_bucket import GlobalTokenBucket
+from .spec import limit_id
 
 __all__ = ["Booking", "LimitGate"]
 
@@ -43,12 +48,16 @@ _announced: set[tuple[str, str]] = set()
 
 @dataclass(frozen=True)
 class Booking:
-    """The slot a held request booked: when it comes (on the planner's clock), and how."""
+    """The slot a held request booked: when it comes (on the planner's clock), in which
+    limit (``None``: every limit was taken already), and how."""
 
     due: float
     booked: bool
     fallback: bool
     verified: bool
+    limit: int | None = 0
+    #: the limits whose token the request already holds
+    taken: frozenset[int] = frozenset()
 
 
 class LimitGate(Gate):
@@ -66,20 +75,24 @@ class LimitGate(Gate):
         planner.store = store_user(app, logger, *planner.outage_texts(), clock)
         self.clock = clock
         #: held: fresh waits held in the worker; parked: fresh waits parked; slot_holds:
-        #: released tasks held for the rest of their verified slot (no new wait)
-        self.counts = {"admitted": 0, "held": 0, "parked": 0, "slot_holds": 0}
+        #: released tasks held for the rest of their verified slot (no new wait); refused:
+        #: tasks failed at arrival (a cost their limit cannot hand out)
+        self.counts = {"admitted": 0, "held": 0, "parked": 0, "slot_holds": 0, "refused": 0}
+        #: per task and limit: tasks it held back; for shadow limits, tasks it would have
+        #: held and the seconds it would have made them wait
+        self.by_limit: dict[str, dict[str, dict[str, float]]] = {}
         self.waiting: set[int] = set()
 
     def handles(self, name: str) -> bool:
         return name in self.planner.specs
 
     def register(self, name: str, policies: Any) -> None:
-        if policies.limit is not None:
-            self.planner.register(name, policies.limit)
+        if policies.limits:
+            self.planner.register(name, policies.limits)
             self.announce(name)
 
     def announce(self, *names: str) -> None:
-        """Log, once per task and rate in this process, a stored rate replacing a ``limit()``.
+        """Log, once per limit and rate in this process, a stored rate replacing a ``limit()``.
 
         Called as the overrides are loaded and as each task registers: the consumer
         builds the tasks' strategies before or after the pipeline starts, as Celery orders
@@ -87,22 +100,26 @@ class LimitGate(Gate):
         """
         planner = self.planner
         for name in sorted(names):
-            override, spec = planner.overrides.get(name), planner.specs.get(name)
-            if override is None or spec is None:
-                continue
-            text = override.text or format_rate(override.rate)
-            if (name, text) in _announced:
-                continue
-            _announced.add((name, text))
-            logger.warning(
-                "celery-extras: %s runs at the stored rate %s%s, not its limit() %s "
-                "(set with `celery extras limit`; `celery extras limit --reset %s` restores it)",
-                name, text, f" burst {override.burst}" if override.burst else "", spec.text, name,
-            )  # fmt: skip
+            for index, spec in enumerate(planner.specs.get(name, ())):
+                limit = limit_id(name, index)
+                override = planner.overrides.get(limit)
+                if override is None:
+                    continue
+                text = override.text or format_rate(override.rate)
+                if (limit, text) in _announced:
+                    continue
+                _announced.add((limit, text))
+                logger.warning(
+                    "celery-extras: %s runs at the stored rate %s%s, not its limit() %s "
+                    "(set with `celery extras limit`; `celery extras limit --reset %s` restores "
+                    "it)",
+                    limit, text, f" burst {override.burst}" if override.burst else "", spec.text,
+                    name,
+                )  # fmt: skip
 
     def load_overrides(self) -> None:
         self.planner.load_overrides()
-        self.announce(*self.planner.overrides)
+        self.announce(*self.planner.specs)
 
     # -- the gate ------------------------------------------------------------------------------
 
@@ -110,17 +127,49 @@ class LimitGate(Gate):
         self.waiting.discard(id(ticket.request))
         booking: Booking | None = ticket.notes.pop(self.label, None)
         if booking is not None and self._keeps(ticket.name, booking):
-            self.counts["admitted"] += 1
-            return RUN
-        slot, ticket.released_slot = ticket.released_slot, None
-        plan = self.planner.plan(ticket.name, ticket.request, slot)
+            plan = self.planner.plan(ticket.name, ticket.request, booking.due, booking.limit,
+                                     booking.taken)  # fmt: skip
+        else:
+            plan = self.planner.plan(ticket.name, ticket.request, *(ticket.released_slot or ()))
+        ticket.released_slot = None
+        for index, wait in plan.shadowed:
+            entry = self._figures(ticket.name, index)
+            entry["shadow"] += 1
+            entry["shadow_wait"] += wait
+            task_shadow_limited.send(sender=ticket.name, request=ticket.request, wait=wait,
+                                     limit=self.limit_label(ticket.name, index))  # fmt: skip
         if plan.action == "run":
             self.counts["admitted"] += 1
             return RUN
+        if plan.action == "refuse":
+            self.counts["refused"] += 1
+            return Refuse(plan.error)
         if not plan.verified:
-            task_rate_limited.send(sender=ticket.name, request=ticket.request, wait=plan.wait)
-        ticket.notes[self.label] = Booking(plan.due, plan.booked, plan.fallback, plan.verified)
-        return Hold(plan.wait, park="limit" if plan.action == "park" else None, due=plan.due)
+            held_by = None if plan.held_by is None else self.limit_label(ticket.name, plan.held_by)
+            if plan.held_by is not None:
+                self._figures(ticket.name, plan.held_by)["held"] += 1
+            task_rate_limited.send(sender=ticket.name, request=ticket.request, wait=plan.wait,
+                                   limit=held_by)  # fmt: skip
+        ticket.notes[self.label] = Booking(
+            plan.due, plan.booked, plan.fallback, plan.verified, plan.limit, plan.taken
+        )
+        kind = None
+        if plan.action == "park":
+            kind = "limit" if not plan.limit else f"limit:{plan.limit}"
+        return Hold(plan.wait, park=kind, due=plan.due)
+
+    def limit_label(self, name: str, index: int) -> str:
+        """How the stats name the *index*-th limit of *name*: its rate, and its place (top
+        first) when the task has several."""
+        specs = self.planner.specs[name]
+        return specs[index].text if len(specs) == 1 else f"{index + 1}: {specs[index].text}"
+
+    def _figures(self, name: str, index: int) -> dict[str, float]:
+        per_task = self.by_limit.setdefault(name, {})
+        label = self.limit_label(name, index)
+        if label not in per_task:
+            per_task[label] = {"held": 0, "shadow": 0, "shadow_wait": 0.0}
+        return per_task[label]
 
     def _keeps(self, name: str, booking: Booking) -> bool:
         """Whether a held request runs on the slot it booked, or books again: a slot of
@@ -130,7 +179,8 @@ class LimitGate(Gate):
         store = self.planner.store
         if booking.fallback and (not store.down or store.up()):
             return False
-        return booking.booked and self.clock() - booking.due <= self.planner.late_tolerance(name)
+        late = self.clock() - booking.due
+        return booking.booked and late <= self.planner.late_tolerance(name, booking.limit)
 
     def held(self, ticket: Ticket, answer: Hold, parked: bool) -> None:
         booking: Booking = ticket.notes[self.label]
@@ -145,17 +195,23 @@ class LimitGate(Gate):
 
     def info(self) -> dict[str, Any]:
         planner = self.planner
-        limits = {}
-        for name, spec in planner.specs.items():
-            entry = spec.describe()
-            override = planner.overrides.get(name)
-            if override is not None:
-                entry["override"] = override.text or format_rate(override.rate)
-                if override.burst:
-                    entry["burst"] = override.burst
-            limits[name] = entry
+        limits: dict[str, Any] = {}
+        for name, specs in planner.specs.items():
+            described = []
+            for index, spec in enumerate(specs):
+                entry = spec.describe()
+                override = planner.overrides.get(limit_id(name, index))
+                if override is not None:
+                    entry["override"] = override.text or format_rate(override.rate)
+                    if override.burst:
+                        entry["burst"] = override.burst
+                if planner.shadow(spec):
+                    entry["shadow"] = True
+                described.append(entry)
+            limits[name] = described[0] if len(described) == 1 else {"limits": described}
         return {
             "limits": limits,
+            "by_limit": self.by_limit,
             "waiting": len(self.waiting),
             **self.counts,
             "store_errors": planner.store.errors,

@@ -14,15 +14,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from ..admission.spec import call_key
 from ..bounds import MAX_WAIT, shown
+from ..checks import is_int
 from ..store.health import StoreHealth, StoreUser, store_text
+from .all_of import admit_all
 from .rate import format_rate, parse_burst, parse_rate
-from .redis_bucket import GlobalTokenBucket, Override
-from .spec import LimitSpec
+from .redis_bucket import GlobalTokenBucket, Override, Take, override_field
+from .spec import CostError, LimitSpec, limit_id
 from .token_bucket import TokenBucket
 
 __all__ = ["LATE_CAP", "LATE_FLOOR", "LimitPlanner", "Plan"]
@@ -42,13 +44,14 @@ _MAX_LOCAL_BUCKETS = 4096
 
 @dataclass(frozen=True)
 class Plan:
-    """What to do with one task: ``run`` now, ``hold`` it *wait* s, or ``park`` it.
+    """What to do with one task: ``run`` now, ``hold`` it *wait* s, ``park`` it, or
+    ``refuse`` it (its cost cannot be taken: *error* says why).
 
     ``due`` is when its slot comes (on the limiter's clock); ``verified`` marks a slot
     booked before and checked in the delay store (no new wait to report).
     """
 
-    action: Literal["run", "hold", "park"]
+    action: Literal["run", "hold", "park", "refuse"]
     wait: float
     booked: bool
     due: float
@@ -56,6 +59,32 @@ class Plan:
     #: booked on the fallback bucket while the store is away: booked again on the store if
     #: it answers before the slot comes (never parked: the store does not know the slot)
     fallback: bool = False
+    #: the limit whose slot was booked (its index among the task's), ``None`` when every
+    #: limit was taken already (the wait is a fallback debt) or nothing was booked
+    limit: int | None = 0
+    #: the limit that made the task wait (what the stats say held it)
+    held_by: int | None = None
+    #: ``(index, seconds)`` of each shadow limit that would have held the task
+    shadowed: tuple[tuple[int, float], ...] = ()
+    #: the limits whose token a held task already holds (not asked again)
+    taken: frozenset[int] = frozenset()
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One limit as one call meets it: its index and spec, bucket key, rate, burst, cost."""
+
+    index: int
+    spec: LimitSpec
+    id: str
+    key: str
+    rate: float
+    burst: int
+    cost: int
+
+    def take(self) -> Take:
+        return Take(self.id, self.key, self.spec.rate, self.spec.burst, self.cost)
 
 
 class LimitPlanner:
@@ -77,7 +106,9 @@ class LimitPlanner:
         self.max_hold: float = settings["limit_max_hold"]
         self.on_store_error: str = settings["limit_on_store_error"]
         self.store_retry: float = settings["limit_store_retry"]
-        self.specs: dict[str, LimitSpec] = {}
+        self.all_shadow: bool = bool(settings.get("limits_shadow", False))
+        self.specs: dict[str, tuple[LimitSpec, ...]] = {}
+        #: run-time rates by :func:`~.redis_bucket.override_field`
         self.overrides: dict[str, Override] = {}
         self.local: dict[tuple[str, str], TokenBucket] = {}
         if store is None:
@@ -90,8 +121,9 @@ class LimitPlanner:
 
     # -- set-up --------------------------------------------------------------------------
 
-    def register(self, name: str, spec: LimitSpec) -> None:
-        self.specs[name] = spec
+    def register(self, name: str, specs: LimitSpec | tuple[LimitSpec, ...]) -> None:
+        """Task *name* has these limits (top first)."""
+        self.specs[name] = (specs,) if isinstance(specs, LimitSpec) else tuple(specs)
 
     def outage_texts(self) -> tuple[str, str]:
         """What this planner is called in the outage log, and what an outage does to it."""
@@ -116,61 +148,83 @@ class LimitPlanner:
                 store_text(exc),
             )
             return
-        for name, raw in stored.items():
+        for field, raw in stored.items():
             try:
-                self.overrides[name] = Override.loads(raw)
+                self.overrides[field] = Override.loads(raw)
             except ValueError as exc:
-                self.global_bucket().report_ignored(name, str(exc))
-        for name in self.overrides:
+                self.global_bucket().report_ignored(field, str(exc))
+        for name in self.specs:
             self._retune(name)
 
     # -- run-time rates --------------------------------------------------------------------
 
-    def effective(self, name: str, spec: LimitSpec) -> tuple[float, int]:
-        override = self.overrides.get(name)
+    def shadow(self, spec: LimitSpec) -> bool:
+        return spec.shadow or self.all_shadow
+
+    def effective(self, limit: str, key: str, spec: LimitSpec) -> tuple[float, int]:
+        """The rate and burst of *limit* (an id) for *key*: a run-time rate set for that key,
+        else for the limit, else its ``limit()``."""
+        override = self.overrides.get(override_field(limit, key)) if key else None
+        if override is None:
+            override = self.overrides.get(limit)
         if override is None:
             return spec.rate, spec.burst
         return override.rate, override.burst or spec.burst
 
     def _retune(self, name: str) -> None:
-        spec = self.specs.get(name)
-        if spec is None:
-            return
-        rate, burst = self.effective(name, spec)
-        for (task, _key), bucket in self.local.items():
-            if task == name or task == f"fallback:{name}":
-                bucket.set_rate(rate, burst)
+        for index, spec in enumerate(self.specs.get(name, ())):
+            limit = limit_id(name, index)
+            for (bucket_name, key), bucket in self.local.items():
+                if bucket_name in (limit, f"fallback:{limit}"):
+                    bucket.set_rate(*self.effective(limit, key, spec))
 
-    def set_limit(self, name: str, rate: object, burst: object = None) -> str:
-        """Apply a new rate for *name* on this worker; :class:`ValueError` naming the culprit."""
+    def limit_of(self, name: object, limit: object = None) -> tuple[str, LimitSpec]:
+        """``(id, spec)`` of the *limit*-th (1-based, top first; may be left out when the task
+        has one) ``limit()`` of task *name*; :class:`ValueError` naming the culprit."""
         if not isinstance(name, str):
             raise ValueError(f"task_name {shown(name)}: expected a task name (a string)")
-        spec = self.specs.get(name)
-        if spec is None:
+        specs = self.specs.get(name)
+        if not specs:
             raise ValueError(f"task {shown(name)} has no limit() on this worker")
+        if limit is None and len(specs) == 1:
+            limit = 1
+        if not is_int(limit, minimum=1, maximum=len(specs)):
+            listed = ", ".join(f"{i}: {s.text}" for i, s in enumerate(specs, 1))
+            raise ValueError(
+                f"limit {shown(limit)}: task {name} has {len(specs)} limit()s; name one of "
+                f"them by its place, top first ({listed})"
+            )
+        return limit_id(name, limit - 1), specs[limit - 1]
+
+    def set_limit(
+        self, name: object, rate: object, burst: object = None, key: object = None,
+        limit: object = None,
+    ) -> str:  # fmt: skip
+        """Apply a new rate for a limit of *name* (for one *key* of it) on this worker;
+        :class:`ValueError` naming the culprit."""
+        limit_name, spec = self.limit_of(name, limit)
+        key = _check_key(key)
         per_second = parse_rate(rate)
         checked = None if burst is None else parse_burst(burst)
         text = rate.strip() if isinstance(rate, str) else format_rate(per_second)
-        self.overrides[name] = Override(per_second, checked, text)
+        self.overrides[override_field(limit_name, key)] = Override(per_second, checked, text)
         if self._bucket is not None:
             self._bucket.expire_overrides()
-        self._retune(name)
-        return f"{name}: {text} (burst {checked or spec.burst}, {spec.scope})"
+        self._retune(str(name))
+        for_key = f" for key {key!r}" if key else ""
+        return f"{limit_name}{for_key}: {text} (burst {checked or spec.burst}, {spec.scope})"
 
-    def reset_limit(self, name: object) -> str:
-        """Drop the run-time rate of *name* on this worker: back to its ``limit()``."""
-        if not isinstance(name, str) or name not in self.specs:
-            raise ValueError(f"task {shown(name)} has no limit() on this worker")
-        had = self.overrides.pop(name, None)
-        self._retune(name)
-        spec = self.specs[name]
-        back = f"{name}: back to {spec.text} (burst {spec.burst}, {spec.scope})"
+    def reset_limit(self, name: object, key: object = None, limit: object = None) -> str:
+        """Drop the run-time rate of a limit of *name* (of one *key*) on this worker."""
+        limit_name, spec = self.limit_of(name, limit)
+        key = _check_key(key)
+        had = self.overrides.pop(override_field(limit_name, key), None)
+        self._retune(str(name))
+        for_key = f" for key {key!r}" if key else ""
+        back = f"{limit_name}{for_key}: back to {spec.text} (burst {spec.burst}, {spec.scope})"
         return back if had is not None else back + "; it had no run-time rate"
 
     # -- deciding ----------------------------------------------------------------------------
-
-    def key_of(self, name: str, spec: LimitSpec, request: Any) -> str:
-        return call_key(name, spec.key, request, "limit", "bucket", logger)
 
     def _local(self, bucket_name: str, key: str, rate: float, burst: int) -> TokenBucket:
         bucket = self.local.get((bucket_name, key))
@@ -181,38 +235,173 @@ class LimitPlanner:
             bucket = self.local[(bucket_name, key)] = TokenBucket(rate, burst, self.clock)
         return bucket
 
-    def wait_for(self, name: str, spec: LimitSpec, request: Any) -> tuple[float, bool]:
-        """``(seconds to wait, slot booked)`` for *request*; unbooked waits must ask again."""
-        key = self.key_of(name, spec, request)
-        rate, burst = self.effective(name, spec)
-        if spec.scope == "worker":
-            return _bounded(self._local(name, key, rate, burst).reserve(max_wait=MAX_WAIT))
-        if self.store.up():
+    def _calls(self, name: str, request: Any) -> list[_Call]:
+        """Each limit of *name* as *request* meets it; :class:`CostError` naming the limit."""
+        calls = []
+        for index, spec in enumerate(self.specs[name]):
+            limit = limit_id(name, index)
+            key = call_key(name, spec.key, request, "limit", "bucket", logger)
+            rate, burst = self.effective(limit, key, spec)
             try:
-                wait = self.global_bucket().reserve(name, rate, burst, key)
+                cost = spec.cost_of(request.args, request.kwargs, burst)
+            except Exception as exc:
+                raise CostError(f"task {name}, limit() {spec.text}: {exc}") from None
+            calls.append(_Call(index, spec, limit, key, rate, burst, cost))
+        return calls
+
+    def late_tolerance(self, name: str, index: int | None = 0) -> float:
+        """Seconds a booked slot of the *index*-th limit of *name* may be used late (see
+        :data:`LATE_FLOOR`); every limit taken at once (``None``) takes the tightest."""
+        specs = self.specs[name]
+        chosen = range(len(specs)) if index is None else (index,)
+        rate = max(self.effective(limit_id(name, i), "", specs[i])[0] for i in chosen)
+        return min(LATE_CAP, max(LATE_FLOOR, 0.5 / rate))
+
+    def plan(
+        self,
+        name: str,
+        request: Any,
+        slot: float | None = None,
+        slot_limit: int | None = 0,
+        taken: frozenset[int] = frozenset(),
+    ) -> Plan:
+        """What to do with a task of *name* that arrived (or whose ETA passed) now.
+
+        *slot* is the due time (on :attr:`clock`) of a slot booked for it before in its
+        *slot_limit*-th limit (``None``: in every limit), verified by the delay store: it
+        is used when it is still ahead, or passed by at most :meth:`late_tolerance`;
+        otherwise the task books a new one. *taken* are the limits whose token the task
+        already holds from earlier slots: a slot used on time joins them, and they are
+        not asked again (so a task under several limits waits at most one slot of each).
+        """
+        if slot is not None:
+            wait = slot - self.clock()
+            if wait > 0:
+                return Plan("hold", wait, True, slot, verified=True, limit=slot_limit,
+                            taken=taken)  # fmt: skip
+            if -wait > self.late_tolerance(name, slot_limit):
+                taken = frozenset()  # missed: every limit is asked again
+            elif slot_limit is None:
+                return Plan("run", 0.0, True, slot, verified=True, limit=None)
+            else:
+                taken = taken | {slot_limit}
+        try:
+            calls = self._calls(name, request)
+        except CostError as exc:
+            return Plan("refuse", 0.0, False, self.clock(), error=str(exc))
+        enforcing = [c for c in calls if not self.shadow(c.spec) and c.index not in taken]
+        shadows = [c for c in calls if self.shadow(c.spec)]
+        plan = self._decide(name, enforcing, shadows, verified=bool(taken))
+        return replace(plan, taken=taken) if plan.action in ("hold", "park") else plan
+
+    def _decide(
+        self, name: str, enforcing: list[_Call], shadows: list[_Call], verified: bool
+    ) -> Plan:
+        local = [c for c in enforcing if c.spec.scope == "worker"]
+        remote = [c for c in enforcing if c.spec.scope == "global"]
+        shadow_local = [c for c in shadows if c.spec.scope == "worker"]
+        shadow_remote = [c for c in shadows if c.spec.scope == "global"]
+        if (remote or shadow_remote) and self.store.up():
+            try:
+                return self._admit(name, local, remote, shadow_local, shadow_remote, verified)
             except Exception as exc:  # whatever the store says, the consumer carries on
                 self.store.failed(exc)
-            else:
-                self.store.answered()
-                wait, booked = _bounded(wait)
-                if booked:
-                    wait = self._after_fallback(name, key, wait)
-                    self._booked((name, key), self.clock() + wait, burst / rate)
-                return wait, booked
+        if remote and self.on_store_error == "delay":  # wait, then ask the store again
+            return Plan("hold", self.store_retry, False, self.clock() + self.store_retry,
+                        limit=None, held_by=remote[0].index)  # fmt: skip
         if self.on_store_error == "local":
-            bucket = self._local(f"fallback:{name}", key, rate, burst)
-            last = self._last_slot.get((name, key))
-            if last is not None:
-                bucket.charge_until(last[0])
-            return _bounded(bucket.reserve(max_wait=MAX_WAIT))
-        if self.on_store_error == "allow":
-            return 0.0, True
-        return self.store_retry, False  # "delay": wait, then ask the store again
+            local, shadow_local = local + remote, shadow_local + shadow_remote
+        return self._admit(name, local, [], shadow_local, [], verified, fallback=bool(remote))
 
-    def _after_fallback(self, name: str, key: str, wait: float) -> float:
+    def _admit(
+        self,
+        name: str,
+        local: list[_Call],
+        remote: list[_Call],
+        shadow_local: list[_Call],
+        shadow_remote: list[_Call],
+        verified: bool,
+        fallback: bool = False,
+    ) -> Plan:
+        """Admit one call under *local* buckets and the store's *remote* ones (fallback
+        buckets stand in for those while the store is away): the rule of :mod:`.all_of`."""
+        buckets = [self._bucket_of(c, fallback) for c in local]
+        takes = [(b, c.cost) for b, c in zip(buckets, local, strict=True)]
+        floor = max([0.0] + [b.expected_time(n) for b, n in takes if n])
+        shadow_waits: list[tuple[int, float]] = []
+        binding: _Call | None = None
+        if remote or shadow_remote:
+            acquired = self.global_bucket().acquire(
+                name, [c.take() for c in remote], [c.take() for c in shadow_remote], floor
+            )
+            self.store.answered()
+            wait = acquired.wait
+            if acquired.binding is not None:
+                binding = remote[acquired.binding]
+            shadow_waits = [
+                (c.index, w)
+                for c, w in zip(shadow_remote, acquired.waits[len(remote) :], strict=True)
+            ]
+            if wait <= 0:
+                for bucket, tokens in takes:
+                    if tokens:
+                        bucket.reserve(tokens)
+            elif binding is None and wait <= MAX_WAIT and local:  # a local limit binds
+                binding = local[_argmax(b.expected_time(n) if n else 0.0 for b, n in takes)]
+                self._bucket_of(binding, fallback).reserve(binding.cost)
+        else:
+            admission = admit_all(takes, max_wait=MAX_WAIT)
+            wait = admission.wait
+            binding = None if admission.booked is None else local[admission.booked]
+        now = self.clock()
+        if wait > MAX_WAIT or wait != wait:  # booked nothing: wait that long, ask again
+            held_by = binding.index if binding else _first(remote + local)
+            return Plan("hold", MAX_WAIT, False, now + MAX_WAIT, limit=None, held_by=held_by)
+        if wait > 0:
+            assert binding is not None
+            fell_back = fallback and binding.spec.scope == "global"
+            if binding.spec.scope == "global" and not fell_back:
+                self._booked((binding.id, binding.key), now + wait, binding.burst / binding.rate)
+                wait = self._after_fallback(binding.id, binding.key, wait)
+            return self._held(wait, now, binding.index, binding.index, fell_back)
+        # admitted: every limit is taken now; the shadow ones say what they would have done
+        for c in shadow_local:
+            if c.cost:
+                bucket = self._bucket_of(c, fallback)
+                shadow_waits.append((c.index, min(MAX_WAIT, bucket.reserve(c.cost, MAX_WAIT))))
+        shadowed = tuple((i, w) for i, w in shadow_waits if w > 0)
+        debt = 0.0
+        for c in remote:
+            self._booked((c.id, c.key), now, c.burst / c.rate)
+            debt = max(debt, self._after_fallback(c.id, c.key, 0.0))
+        if debt > 0:  # a fallback bucket handed out slots during an outage: wait them out
+            only = remote[0].index if len(local) + len(remote) == 1 else None
+            return replace(self._held(debt, now, only, remote[0].index, False), shadowed=shadowed)
+        return Plan("run", 0.0, True, now, verified=verified, shadowed=shadowed)
+
+    def _held(
+        self, wait: float, now: float, limit: int | None, held_by: int, fallback: bool
+    ) -> Plan:
+        """Hold for *wait* in the worker, or park it when longer than the hold (never a
+        fallback slot: the store does not know it; never one of several limits taken)."""
+        if wait > self.max_hold and not fallback and limit is not None:
+            return Plan("park", wait, True, now + wait, limit=limit, held_by=held_by)
+        return Plan("hold", wait, True, now + wait, fallback=fallback, limit=limit,
+                    held_by=held_by)  # fmt: skip
+
+    def _bucket_of(self, call: _Call, fallback: bool) -> TokenBucket:
+        if call.spec.scope == "worker" or not fallback:
+            return self._local(call.id, call.key, call.rate, call.burst)
+        bucket = self._local(f"fallback:{call.id}", call.key, call.rate, call.burst)
+        last = self._last_slot.get((call.id, call.key))
+        if last is not None:
+            bucket.charge_until(last[0])
+        return bucket
+
+    def _after_fallback(self, limit: str, key: str, wait: float) -> float:
         """*wait*, or longer so the slot comes after those the fallback bucket handed out
         during an outage: a worker adds no global burst on top of its local debt."""
-        fallback = self.local.get((f"fallback:{name}", key))
+        fallback = self.local.get((f"fallback:{limit}", key))
         if fallback is None:
             return wait
         now = self.clock()
@@ -231,38 +420,19 @@ class LimitPlanner:
         if last is None or when > last[0]:
             self._last_slot[bucket] = (when, span)
 
-    def late_tolerance(self, name: str) -> float:
-        """Seconds a booked slot of *name* may be used late (see :data:`LATE_FLOOR`)."""
-        rate, _burst = self.effective(name, self.specs[name])
-        return min(LATE_CAP, max(LATE_FLOOR, 0.5 / rate))
 
-    def plan(self, name: str, request: Any, slot: float | None = None) -> Plan:
-        """What to do with a task of *name* that arrived (or whose ETA passed) now.
-
-        *slot* is the due time (on :attr:`clock`) of a slot booked for it before,
-        verified by the delay store: it is used when it is still ahead, or passed by
-        at most :meth:`late_tolerance`; otherwise the task books a new one.
-        """
-        if slot is not None:
-            wait = slot - self.clock()
-            if wait > 0:
-                return Plan("hold", wait, True, slot, verified=True)
-            if -wait <= self.late_tolerance(name):
-                return Plan("run", 0.0, True, slot, verified=True)
-        spec = self.specs[name]
-        wait, booked = self.wait_for(name, spec, request)
-        answered = self.clock()  # the slot is no earlier than this plus the wait
-        if wait <= 0:
-            return Plan("run", 0.0, booked, answered)
-        fallback = booked and self.store.down and spec.scope == "global"
-        if wait > self.max_hold and booked and not fallback:
-            return Plan("park", wait, booked, answered + wait)
-        return Plan("hold", wait, booked, answered + wait, fallback=fallback)
+def _first(calls: list[_Call]) -> int | None:
+    return calls[0].index if calls else None
 
 
-def _bounded(wait: float) -> tuple[float, bool]:
-    """``(wait, booked)`` of a bucket's answer: a wait beyond :data:`MAX_WAIT` booked
-    nothing, so the task waits that long and then asks again."""
-    if wait > MAX_WAIT or wait != wait:
-        return MAX_WAIT, False
-    return max(wait, 0.0), True
+def _argmax(values: Any) -> int:
+    listed = list(values)
+    return max(range(len(listed)), key=listed.__getitem__)
+
+
+def _check_key(key: object) -> str:
+    if key is None:
+        return ""
+    if not isinstance(key, str) or not 0 < len(key) <= 200:
+        raise ValueError(f"key {shown(key)}: expected a bucket key (1 to 200 characters)")
+    return key

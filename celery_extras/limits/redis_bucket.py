@@ -1,15 +1,18 @@
 """A token bucket shared by every worker: one atomic Lua script per acquire on Redis.
 
-The script keeps the bucket as a theoretical arrival time (GCRA, the same
+The script keeps each bucket as a theoretical arrival time (GCRA, the same
 arithmetic as :class:`~celery_extras.limits.token_bucket.TokenBucket`) in
 microseconds of the *Redis server's* clock (``TIME``), so workers whose clocks
-disagree still share one exact rate. Each acquire books a slot and returns the
-exact wait until it (0: go now). A bucket key expires as soon as the bucket is
-full again, so idle per-key buckets cost nothing.
+disagree still share one exact rate. Each acquire admits one call under every
+global limit of its task at once (the rule of :mod:`.all_of`) and returns the
+exact wait (0: go now). A bucket key expires as soon as the bucket is full again,
+so idle per-key buckets cost nothing.
 
-The script touches one key, the bucket (``<prefix>:bucket:<task>:<key>``), so it
-runs on a Redis Cluster whatever slot the bucket hashes to, and per-key buckets
-spread over every master. A rate changed at run time (``celery extras limit``)
+A task with one global limit touches one key, its bucket
+(``<prefix>:bucket:<task>:<key>``), so it runs on a Redis Cluster whatever slot the
+bucket hashes to, and per-key buckets spread over every master. The buckets of a task
+with several share its hash tag (``<prefix>:bucket:{<task>}:<limit>:<key>``): one slot,
+one script. A rate changed at run time (``celery extras limit``)
 sits in one hash, ``<prefix>:limits``, which the bucket reads at most every
 :data:`OVERRIDE_REFRESH` seconds and hands to the script.
 
@@ -26,7 +29,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from ..admission.stored_table import StoredTable
@@ -34,7 +38,15 @@ from ..bounds import MAX_WAIT, shown
 from ..scripts import load
 from .rate import check_rate, parse_burst
 
-__all__ = ["ACQUIRE_SCRIPT", "OVERRIDE_REFRESH", "GlobalTokenBucket", "Override"]
+__all__ = [
+    "ACQUIRE_SCRIPT",
+    "OVERRIDE_REFRESH",
+    "Acquired",
+    "GlobalTokenBucket",
+    "Override",
+    "Take",
+    "override_field",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +55,37 @@ OVERRIDE_REFRESH = 1.0
 #: Bucket keys whose last booked slot is remembered, at most (expired ones go first).
 MAX_FLOORS = 4096
 
-#: Book tokens of one bucket, GCRA on the server's clock; KEYS, ARGV and reply are documented
-#: atop ``scripts/bucket_acquire.lua``.
+#: Admit one call under all its global limits, GCRA on the server's clock; KEYS, ARGV and
+#: reply are documented atop ``scripts/bucket_acquire.lua``.
 ACQUIRE_SCRIPT = load("bucket_acquire")
+
+
+def override_field(limit: str, key: str = "") -> str:
+    """Where the run-time rate of *limit* (a :func:`~.spec.limit_id`) is stored, for one
+    *key* of it or (``""``) for all."""
+    return json.dumps([limit, key]) if key else limit
+
+
+@dataclass(frozen=True)
+class Take:
+    """One limit's part in admitting one call: its bucket (limit id and key), its own rate
+    and burst, and the tokens the call takes."""
+
+    limit: str
+    key: str
+    rate: float
+    burst: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """What the store answered: the seconds to wait (0: every take was taken), the index of
+    the enforcing take booked for that wait (``None``: none), and each take's own wait."""
+
+    wait: float
+    binding: int | None
+    waits: tuple[float, ...]
 
 
 class Override:
@@ -97,30 +137,59 @@ class GlobalTokenBucket:
         self._floors: dict[str, tuple[int, float]] = {}  # key -> (slot us, forget after)
         self._reported: set[str] = set()  # names whose ignored override was logged
 
-    def bucket_key(self, name: str, key: str = "") -> str:
-        return f"{self.prefix}:bucket:{name}:{key}"
+    def bucket_key(self, name: str, key: str = "", task: str | None = None) -> str:
+        """The bucket of limit *name* for *key*; with *task*, under the task's hash tag, so
+        the buckets of a task with several limits lie in one slot of a Redis Cluster."""
+        if task is None:
+            return f"{self.prefix}:bucket:{name}:{key}"
+        return f"{self.prefix}:bucket:{{{task}}}:{name}:{key}"
 
     def reserve(self, name: str, rate: float, burst: int, key: str = "", tokens: int = 1) -> float:
-        """Book *tokens* of *name*'s bucket (for *key*); seconds to wait, 0 meaning go now.
+        """Book *tokens* of *name*'s bucket (for *key*); seconds to wait, 0 meaning go now."""
+        return self.acquire(name, [Take(name, key, rate, burst, tokens)]).wait
 
-        *rate* and *burst* are the task's own; an override stored for *name* wins.
-        Raises the client's :class:`redis.RedisError` when the store cannot answer.
+    def acquire(
+        self, task: str, enforcing: Sequence[Take], shadow: Sequence[Take] = (), floor: float = 0.0
+    ) -> Acquired:
+        """Admit one call of *task* under its global limits, in one round trip: see
+        ``scripts/bucket_acquire.lua``. *floor* is the wait its worker-scope limits ask.
+
+        A take's rate and burst are the limit's own; a rate stored for its limit (or for
+        its limit and key) wins. Raises the client's :class:`redis.RedisError` when the
+        store cannot answer.
         """
-        override = self.stored_overrides().get(name)
-        if override is not None:
-            rate, burst = override.rate, override.burst or burst
-        interval_us = max(1, math.ceil(1_000_000 / rate))
-        bucket = self.bucket_key(name, key)
-        floor = self._floors.get(bucket, (0, 0.0))[0]
-        max_wait_us = int(MAX_WAIT * 1_000_000)
-        reply = cast(
-            "list[Any]",
-            self._acquire(keys=[bucket], args=[interval_us, burst, tokens, max_wait_us, floor]),
+        takes = [*enforcing, *shadow]
+        tag = task if len(takes) > 1 else None
+        keys, args = [], [int(MAX_WAIT * 1_000_000), math.ceil(floor * 1_000_000), len(enforcing)]
+        for take in takes:
+            rate, burst = self.effective(take)
+            bucket = self.bucket_key(take.limit, take.key, tag)
+            interval_us = max(1, math.ceil(1_000_000 / rate))
+            keys.append(bucket)
+            args += [interval_us, burst, take.tokens, self._floors.get(bucket, (0, 0.0))[0]]
+        reply = cast("list[Any]", self._acquire(keys=keys, args=args))
+        for i, bucket in enumerate(keys):
+            new_tat = int(reply[3 + 2 * i])
+            if new_tat:
+                interval_us, burst = args[3 + 4 * i], args[4 + 4 * i]
+                self._remember(bucket, new_tat, int(reply[2 + 2 * i]), interval_us, burst)
+        binding = int(reply[1])
+        return Acquired(
+            wait=int(reply[0]) / 1_000_000,
+            binding=binding - 1 if binding else None,
+            waits=tuple(int(reply[2 + 2 * i]) / 1_000_000 for i in range(len(keys))),
         )
-        wait_us, new_tat = int(reply[0]), int(reply[3])
-        if new_tat:
-            self._remember(bucket, new_tat, wait_us, interval_us, burst)
-        return wait_us / 1_000_000
+
+    def effective(self, take: Take) -> tuple[float, int]:
+        """*take*'s rate and burst: a stored run-time rate of its limit and key, else of its
+        limit, else the limit's own."""
+        stored = self.stored_overrides()
+        override = stored.get(override_field(take.limit, take.key)) if take.key else None
+        if override is None:
+            override = stored.get(take.limit)
+        if override is None:
+            return take.rate, take.burst
+        return override.rate, override.burst or take.burst
 
     def _remember(self, bucket: str, slot: int, wait_us: int, interval: int, burst: int) -> None:
         now = self.clock()

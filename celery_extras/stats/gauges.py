@@ -22,14 +22,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..checks import is_int
+from ..checks import is_int, is_number
 from .text import printable
 from .wire import MAX_QUEUES, MAX_TASKS, count, short
 
-__all__ = ["GAUGES", "MAX_AT_RISK", "Family", "Gauge", "Sample"]
+__all__ = ["GAUGES", "MAX_AT_RISK", "MAX_LIMITS", "Family", "Gauge", "Sample"]
 
 #: Kinds of data at risk an ``eviction`` gauge may list.
 MAX_AT_RISK = 16
+#: Limits of one task a ``limits`` gauge may list.
+MAX_LIMITS = 64
 
 #: One Prometheus sample: the label values after ``worker``, and the value.
 Sample = tuple[tuple[str, ...], float]
@@ -137,6 +139,13 @@ def _read_concurrency(infos: Mapping[str, Any]) -> dict[str, dict[str, int]] | N
     }
 
 
+def _read_limits(infos: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]] | None:
+    """Per task and limit: tasks it held, tasks a shadow limit would have held and the
+    seconds it would have made them wait (``extras_policies.by_limit``)."""
+    by_limit = _field(infos, "extras_policies", "by_limit")
+    return _check_limits(by_limit) if isinstance(by_limit, dict) else None
+
+
 # --- checks: an incoming event's value ------------------------------------------------------
 
 
@@ -189,6 +198,34 @@ def _check_concurrency(value: Any) -> dict[str, dict[str, int]] | None:
     return {name: {"holding": e["holding"], "waiting": e["waiting"]} for name, e in value.items()}
 
 
+#: The figures kept per task and limit, and a number's check for each.
+def _seconds(value: Any) -> bool:
+    return is_number(value, minimum=0)
+
+
+_LIMIT_FIGURES: dict[str, Callable[[Any], bool]] = {
+    "held": count,
+    "shadow": count,
+    "shadow_wait": _seconds,
+}
+
+
+def _check_limits(value: Any) -> dict[str, dict[str, dict[str, float]]] | None:
+    if not isinstance(value, dict) or len(value) > MAX_TASKS:
+        return None
+    checked: dict[str, dict[str, dict[str, float]]] = {}
+    for task, limits in value.items():
+        if not short(task) or not isinstance(limits, dict) or len(limits) > MAX_LIMITS:
+            return None
+        for label, figures in limits.items():
+            if not short(label) or not isinstance(figures, dict):
+                return None
+            if not all(ok(figures.get(name)) for name, ok in _LIMIT_FIGURES.items()):
+                return None
+            checked.setdefault(task, {})[label] = {n: figures[n] for n in _LIMIT_FIGURES}
+    return checked
+
+
 # --- Prometheus samples and Flower text -----------------------------------------------------
 
 
@@ -203,6 +240,17 @@ def _per_key(value: dict[str, int]) -> Iterable[Sample]:
 def _field_per_key(name: str) -> Callable[[dict[str, dict[str, int]]], Iterable[Sample]]:
     def samples(value: dict[str, dict[str, int]]) -> Iterable[Sample]:
         return [((key,), entry[name]) for key, entry in value.items()]
+
+    return samples
+
+
+def _per_limit(name: str) -> Callable[[dict[str, dict[str, dict[str, float]]]], Iterable[Sample]]:
+    def samples(value: dict[str, dict[str, dict[str, float]]]) -> Iterable[Sample]:
+        return [
+            ((task, label), figures[name])
+            for task, limits in value.items()
+            for label, figures in limits.items()
+        ]
 
     return samples
 
@@ -327,6 +375,34 @@ GAUGES: tuple[Gauge, ...] = (
                 "Tasks waiting in the worker for a concurrency slot, per task with concurrency()",
                 ("task",),
                 _field_per_key("waiting"),
+            ),
+        ),
+    ),
+    Gauge(
+        key="limits",
+        read=_read_limits,
+        check=_check_limits,
+        expected="map task names to {limit: {'held': int >= 0, 'shadow': int >= 0, "
+        "'shadow_wait': number >= 0}}",
+        families=(
+            Family(
+                "celery_extras_limit_held",
+                "Tasks this limit held back since the worker started (which limit held them)",
+                ("task", "limit"),
+                _per_limit("held"),
+            ),
+            Family(
+                "celery_extras_limit_shadow_held",
+                "Tasks this shadow limit would have held since the worker started (they ran)",
+                ("task", "limit"),
+                _per_limit("shadow"),
+            ),
+            Family(
+                "celery_extras_limit_shadow_wait_seconds",
+                "Seconds this shadow limit would have made tasks wait, summed since the worker "
+                "started",
+                ("task", "limit"),
+                _per_limit("shadow_wait"),
             ),
         ),
     ),

@@ -36,6 +36,7 @@ __all__ = [
     "RELEASED",
     "RETRIED",
     "REVOKED",
+    "SHADOW_LIMITED",
     "STARTED",
     "SUCCEEDED",
     "LockedRecorder",
@@ -62,6 +63,7 @@ COUNTERS = (
     "released",
     "concurrency_limited",
     "coalesced",
+    "shadow_limited",
 )
 (
     RECEIVED,
@@ -77,6 +79,7 @@ COUNTERS = (
     RELEASED,
     CONCURRENCY_LIMITED,
     COALESCED,
+    SHADOW_LIMITED,
 ) = range(len(COUNTERS))
 #: The runtime percentiles reported, as ``p<n>`` keys.
 PERCENTILES = (50, 95, 99)

@@ -9,7 +9,8 @@ Where each counter comes from (all in the main process, for every pool):
   ``reject_on_worker_lost``: the request's pool callbacks, through the
   consumer's request hook (:class:`~.outcomes.OutcomeCounter`).
 * ``revoked``: ``task_revoked`` (discarded at receipt or execution, or terminated).
-* ``rate_limited``, ``parked``, ``released``, ``concurrency_limited``, ``coalesced``:
+* ``rate_limited``, ``parked``, ``released``, ``concurrency_limited``, ``coalesced``,
+  ``shadow_limited``:
   the signals of :mod:`celery_extras.signals` of those names.
 * ``ignored``: a task raising :class:`~celery.exceptions.Ignore` (the pool callbacks).
 * ``rejected`` too: messages of unknown tasks (``task_unknown``) and messages Celery
@@ -34,6 +35,7 @@ from ..signals import (
     task_parked,
     task_rate_limited,
     task_released,
+    task_shadow_limited,
 )
 from .outcomes import OutcomeCounter, counting_strategy
 from .recorder import (
@@ -44,6 +46,7 @@ from .recorder import (
     REJECTED,
     RELEASED,
     REVOKED,
+    SHADOW_LIMITED,
     LockedRecorder,
     Recorder,
 )
@@ -70,6 +73,7 @@ class _Receivers:
             (task_released, self.on_released, f"{uid}.released"),
             (task_concurrency_limited, self.on_concurrency_limited, f"{uid}.concurrency"),
             (task_coalesced, self.on_coalesced, f"{uid}.coalesced"),
+            (task_shadow_limited, self.on_shadow_limited, f"{uid}.shadow_limited"),
         ]
 
     def connect(self) -> None:
@@ -116,6 +120,9 @@ class _Receivers:
 
     def on_coalesced(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         self._count_named(sender, request, COALESCED)
+
+    def on_shadow_limited(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        self._count_named(sender, request, SHADOW_LIMITED)
 
 
 class StatsRecording(bootsteps.StartStopStep):

@@ -79,7 +79,7 @@ MAX_REPLY = 1000  # characters of a command's reply, whatever the arguments
 def state() -> Any:
     app = install(Celery("fuzz", broker="redis://127.0.0.1:1/0", set_as_current=False))
     pipeline = Pipeline([LimitGate(app, SETTINGS)])
-    pipeline.register("t", TaskPolicies(limit=LimitSpec(10.0, 1, "worker", None, "10/s")))
+    pipeline.register("t", TaskPolicies(limits=(LimitSpec(10.0, 1, "worker", None, "10/s"),)))
     revokes = WorkerRevokes(LimitedSet(maxlen=1000, expires=100.0), {}, 100.0)
     revokes.merge_ids({f"id{i}": None for i in range(50)}, stored=False)
     syncer = Syncer(app, "me@host", revokes, SETTINGS)

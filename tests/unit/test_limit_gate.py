@@ -26,11 +26,11 @@ from celery_extras.bounds import MAX_WAIT
 from celery_extras.limits.gate import LimitGate
 from celery_extras.limits.rate import MIN_RATE
 from celery_extras.limits.spec import LimitSpec
-from celery_extras.limits.token_bucket import TokenBucket
 from celery_extras.signals import task_rate_limited
 from tests.support import worker_state as worker_state_support
 from tests.support.clock import FakeClock
 from tests.support.fake_consumer import Consumer
+from tests.support.fake_global import FakeGlobal
 
 SETTINGS = {"limit_max_hold": 2.0, "limit_on_store_error": "local", "limit_store_retry": 1.0}
 
@@ -53,7 +53,7 @@ def make_app(name: str) -> Celery:
 
 
 def limited(spec: LimitSpec) -> TaskPolicies:
-    return TaskPolicies(limit=spec)
+    return TaskPolicies(limits=(spec,))
 
 
 def after_eta(pipeline: Pipeline, consumer: Any, request: Request, name: str) -> None:
@@ -112,9 +112,9 @@ class Arrival:
     """The delay store's arrival gate as the pipeline sees it: slots verified in the store."""
 
     def __init__(self) -> None:
-        self.slots: dict[str, float] = {}
+        self.slots: dict[str, tuple[float, int | None]] = {}
 
-    def pop_slot(self, task_id: str) -> float | None:
+    def pop_slot(self, task_id: str) -> tuple[float, int | None] | None:
         return self.slots.pop(task_id, None)
 
 
@@ -132,7 +132,7 @@ def test_parked_task_keeps_its_verified_slot_only_if_on_time(
     consumer, arrival = gated_consumer()
     gate.planner._local("t10", "", 10.0, 1).reserve()  # busy: booking again means waiting
     request = Request()
-    arrival.slots[request.id] = clock.now - late
+    arrival.slots[request.id] = (clock.now - late, 0)
     after_eta(pipeline, consumer, request, "t10")
     assert (consumer.ran == [request]) is runs
     assert gate.counts["held"] == (0 if runs else 1)
@@ -143,7 +143,7 @@ def test_a_verified_slot_still_ahead_is_held_until_it_comes(limits: Any) -> None
     consumer, arrival = gated_consumer()
     gate.planner._local("t10", "", 10.0, 1).reserve()
     request = Request()
-    arrival.slots[request.id] = clock.now + 0.7
+    arrival.slots[request.id] = (clock.now + 0.7, 0)
     pipeline.submit(consumer, request, "t10")
     assert consumer.ran == [] and (gate.counts["held"], gate.counts["slot_holds"]) == (0, 1)
     ((wait, due_call, args),) = consumer.scheduled
@@ -160,7 +160,7 @@ def test_slots_missed_in_an_outage_do_not_start_together(limits: Any) -> None:
     consumer, arrival = gated_consumer()
     for i in range(5):
         request = Request()
-        arrival.slots[request.id] = clock.now - 0.1 * (i + 1)
+        arrival.slots[request.id] = (clock.now - 0.1 * (i + 1), 0)
         after_eta(pipeline, consumer, request, "t10")
     assert len(consumer.ran) == 1  # the first takes the free token, the rest wait in turn
     assert gate.counts["held"] == 4
@@ -175,31 +175,18 @@ def test_a_slot_header_books_nothing(limits: Any) -> None:
     assert consumer.ran == []
 
 
-class FakeGlobal:
-    """A global bucket on the fake clock (the same GCRA as Redis'), or a failing store."""
-
-    def __init__(self, clock: FakeClock, rate: float, burst: int) -> None:
-        self.bucket = TokenBucket(rate, burst, clock)
-        self.error: Exception | None = None
-        self.wait: float | None = None
-
-    def reserve(self, name: str, rate: float, burst: int, key: str = "") -> float:
-        if self.error is not None:
-            raise self.error
-        if self.wait is not None:
-            return self.wait
-        return self.bucket.reserve(max_wait=MAX_WAIT)
-
-    def report_ignored(self, name: str, reason: str) -> None:
-        pass
-
-
 @pytest.fixture
 def global10(limits: Any) -> Any:
     pipeline, gate, clock = limits
     pipeline.register("g10", limited(LimitSpec(10.0, 2, "global", None, "10/s")))
-    store = gate.planner._bucket = FakeGlobal(clock, 10.0, 2)
+    store = gate.planner._bucket = FakeGlobal(clock)
     return pipeline, gate, clock, store
+
+
+def wait_of(planner: Any, name: str) -> tuple[float, bool]:
+    """``(seconds to wait, slot booked)`` the planner gives a request of *name* arriving now."""
+    plan = planner.plan(name, Request())
+    return plan.wait, plan.booked
 
 
 def busiest(times: list[float]) -> int:
@@ -215,13 +202,13 @@ def test_an_outage_adds_no_second_burst_to_booked_slots(global10: Any, outage_af
     planner = gate.planner
     starts: list[float] = []
     for _ in range(8):  # 8 tasks arrive at once: 2 now, the rest booked 0.1 s apart
-        wait, booked = planner.wait_for("g10", planner.specs["g10"], Request())
+        wait, booked = wait_of(planner, "g10")
         assert booked
         starts.append(clock.now + wait)
     clock.now += outage_after
     store.error = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
     for _ in range(40):  # arrivals go on through the outage, 20 a second
-        wait, booked = planner.wait_for("g10", planner.specs["g10"], Request())
+        wait, booked = wait_of(planner, "g10")
         assert booked
         starts.append(clock.now + wait)
         clock.now += 0.05
@@ -229,7 +216,7 @@ def test_an_outage_adds_no_second_burst_to_booked_slots(global10: Any, outage_af
     clock.now += planner.store_retry
     store.error = None  # back, with a full bucket: the fallback's debt still comes first
     for _ in range(40):
-        wait, booked = planner.wait_for("g10", planner.specs["g10"], Request())
+        wait, booked = wait_of(planner, "g10")
         assert booked
         starts.append(clock.now + wait)
         clock.now += 0.05
@@ -254,7 +241,7 @@ def test_a_wait_beyond_the_longest_is_clamped_and_not_booked(
 ) -> None:
     _pipeline, gate, _clock, store = global10
     store.wait = waits
-    wait, was_booked = gate.planner.wait_for("g10", gate.planner.specs["g10"], Request())
+    wait, was_booked = wait_of(gate.planner, "g10")
     assert 0 <= wait <= MAX_WAIT and was_booked is booked
 
 
@@ -262,7 +249,7 @@ def test_a_worker_bucket_books_no_wait_beyond_the_longest(limits: Any) -> None:
     pipeline, gate, _clock = limits
     pipeline.register("slow", limited(LimitSpec(MIN_RATE, 1, "worker", None, "1/86400s")))
     planner = gate.planner
-    waits = [planner.wait_for("slow", planner.specs["slow"], Request()) for _ in range(40)]
+    waits = [wait_of(planner, "slow") for _ in range(40)]
     assert waits[0] == (0.0, True)
     assert waits[30] == (pytest.approx(30 * 86400.0), True)
     assert waits[31] == (MAX_WAIT, False) == waits[39]  # not booked: asks again later
@@ -287,7 +274,7 @@ def test_store_errors_are_named_with_redis_text_once(
     planner = gate.planner
     store.error = error
     for _ in range(5):
-        assert planner.wait_for("g10", planner.specs["g10"], Request())[1]  # the fallback books
+        assert wait_of(planner, "g10")[1]  # the fallback books
         clock.now += planner.store_retry
     records = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(records) == 1 and logged in records[0], records

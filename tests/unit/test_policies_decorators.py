@@ -98,7 +98,7 @@ def test_limit_on_app_task_sets_the_strategy_when_finalized() -> None:
     assert "run" not in app.tasks["unit.plain"].__dict__  # untouched
     policies = policies_of(task)
     assert policies is not None
-    assert policies.limit == LimitSpec(10.0, 3, "worker", None, "10/s")
+    assert policies.limits == (LimitSpec(10.0, 3, "worker", None, "10/s"),)
 
 
 def test_shared_task_proxy_in_two_apps_and_an_app_finalized_before() -> None:

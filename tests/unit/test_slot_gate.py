@@ -89,7 +89,7 @@ def test_composes_with_limit_and_retry_policy_in_either_order() -> None:
         assert policies is not None and policies.concurrency is not None
         assert (policies.concurrency.n, policies.concurrency.scope) == (n, scope)
         assert task.__dict__["Strategy"] == _STRATEGY
-    assert policies_of(app.tasks["unit.a"]).limit is not None  # type: ignore[union-attr]
+    assert policies_of(app.tasks["unit.a"]).limits  # type: ignore[union-attr]
     assert policies_of(app.tasks["unit.b"]).retry is not None  # type: ignore[union-attr]
 
 

@@ -19,6 +19,12 @@ INFOS: dict[str, Any] = {
         "store": "ok",
         "waiting": 4,
         "concurrency": {"tasks": {"t.a": {"n": 2, "holding": 2, "waiting": 1}}},
+        "by_limit": {
+            "t.b": {
+                "1: 100/s": {"held": 0, "shadow": 4, "shadow_wait": 1.5},
+                "2: 5/s": {"held": 3, "shadow": 0, "shadow_wait": 0.0},
+            }
+        },
     },
     "extras_sync": {"store": "down"},
     "extras_delay": {"store": "ok", "depth": 7},
@@ -63,6 +69,7 @@ def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() ->
         "waiting": 4,
         "parked": 7,
         "concurrency": {"t.a": {"holding": 2, "waiting": 1}},
+        "limits": INFOS["extras_policies"]["by_limit"],
         "buffered": {"q1": 2, "q\x1b": 3},
     }
     assert list(state) == [g.key for g in gauges.GAUGES]  # the event's order is the table's
@@ -81,6 +88,17 @@ def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() ->
         ("celery_extras_concurrency_waiting", (("task", "t.a"), *w)): 1.0,
         ("celery_extras_queue_buffered", (("queue", "q1"), *w)): 2.0,
         ("celery_extras_queue_buffered", (("queue", "q\\x1b"), *w)): 3.0,
+        **{
+            (f"celery_extras_limit_{family}", (("limit", limit), ("task", "t.b"), *w)): value
+            for family, limit, value in [
+                ("held", "1: 100/s", 0.0),
+                ("held", "2: 5/s", 3.0),
+                ("shadow_held", "1: 100/s", 4.0),
+                ("shadow_held", "2: 5/s", 0.0),
+                ("shadow_wait_seconds", "1: 100/s", 1.5),
+                ("shadow_wait_seconds", "2: 5/s", 0.0),
+            ]
+        },
     }
     assert data["workers"]["w0@h"]["gauges"] == [
         "store: policies ok, sync down, delay ok",

@@ -185,6 +185,22 @@ def test_bad_concurrency_gauges_are_malformed(value: Any) -> None:
         parse(broken(["extras_state"], {"concurrency": value}))
 
 
+OK_LIMIT = {"held": 1, "shadow": 0, "shadow_wait": 0.0}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"t": {"5/s": {**OK_LIMIT, "held": -1}}}, {"t": {"5/s": {"held": 1, "shadow": 0}}},
+     {"t": {"5/s": {**OK_LIMIT, "shadow_wait": float("nan")}}}, {"t": {"": OK_LIMIT}},
+     {"t": {"5/s": {**OK_LIMIT, "shadow": True}}}, {"t": {f"{i}/s": OK_LIMIT for i in range(65)}},
+     {"t": ["5/s"]}, ["t"], {"x" * 501: {"5/s": OK_LIMIT}}],
+)  # fmt: skip
+def test_bad_limit_gauges_are_malformed(value: Any) -> None:
+    assert parse(broken(["extras_state"], {"limits": {"t": {"5/s": OK_LIMIT}}}))
+    with pytest.raises(Malformed):
+        parse(broken(["extras_state"], {"limits": value}))
+
+
 def test_the_eviction_gauge_parses_and_reaches_prometheus() -> None:
     from celery_extras.stats.emitter import worker_state
     from celery_extras.stats.prometheus import ThroughputCollector
