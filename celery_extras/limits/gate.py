@@ -89,6 +89,8 @@ class LimitGate(Gate):
     def register(self, name: str, policies: Any) -> None:
         if policies.limits:
             self.planner.register(name, policies.limits)
+            for index in range(len(policies.limits)):
+                self._figures(name, index)  # every limit is listed, from 0
             self.announce(name)
 
     def announce(self, *names: str) -> None:
@@ -153,10 +155,19 @@ class LimitGate(Gate):
         ticket.notes[self.label] = Booking(
             plan.due, plan.booked, plan.fallback, plan.verified, plan.limit, plan.taken
         )
-        kind = None
-        if plan.action == "park":
-            kind = "limit" if not plan.limit else f"limit:{plan.limit}"
-        return Hold(plan.wait, park=kind, due=plan.due)
+        return Hold(plan.wait, park=self._park_kind(ticket.name, plan), due=plan.due)
+
+    def _park_kind(self, name: str, plan: Any) -> str | None:
+        """The kind of the delay-store entry a parked request gets: ``"limit"`` for a slot of
+        the first limit, ``"limit:<index>"`` for another global one (the store verifies it
+        when released), ``"limit:worker"`` for a wait on a worker's own bucket, in which no
+        slot is booked: released (maybe to another worker), it asks its limits again."""
+        if plan.action != "park":
+            return None
+        index = plan.limit or 0
+        if self.planner.specs[name][index].scope == "worker":
+            return "limit:worker"
+        return "limit" if index == 0 else f"limit:{index}"
 
     def limit_label(self, name: str, index: int) -> str:
         """How the stats name the *index*-th limit of *name*: its rate, and its place (top

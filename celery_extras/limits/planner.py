@@ -175,7 +175,7 @@ class LimitPlanner:
         for index, spec in enumerate(self.specs.get(name, ())):
             limit = limit_id(name, index)
             for (bucket_name, key), bucket in self.local.items():
-                if bucket_name in (limit, f"fallback:{limit}"):
+                if bucket_name in (limit, f"fallback:{limit}", f"parked:{limit}"):
                     bucket.set_rate(*self.effective(limit, key, spec))
 
     def limit_of(self, name: object, limit: object = None) -> tuple[str, LimitSpec]:
@@ -328,6 +328,9 @@ class LimitPlanner:
         buckets = [self._bucket_of(c, fallback) for c in local]
         takes = [(b, c.cost) for b, c in zip(buckets, local, strict=True)]
         floor = max([0.0] + [b.expected_time(n) for b, n in takes if n])
+        # a worker's own bucket books at most a wait it can hold (its slot is no other's);
+        # fallback buckets book any wait (they are never parked: the store knows nothing)
+        hold_limit = MAX_WAIT if fallback else self.max_hold
         shadow_waits: list[tuple[int, float]] = []
         binding: _Call | None = None
         if remote or shadow_remote:
@@ -348,11 +351,17 @@ class LimitPlanner:
                         bucket.reserve(tokens)
             elif binding is None and wait <= MAX_WAIT and local:  # a local limit binds
                 binding = local[_argmax(b.expected_time(n) if n else 0.0 for b, n in takes)]
+                if wait > hold_limit:
+                    return self._parked_unbooked(binding, wait)
                 self._bucket_of(binding, fallback).reserve(binding.cost)
         else:
-            admission = admit_all(takes, max_wait=MAX_WAIT)
+            admission = admit_all(takes, max_wait=hold_limit)
             wait = admission.wait
-            binding = None if admission.booked is None else local[admission.booked]
+            if admission.booked is not None:
+                binding = local[admission.booked]
+            elif 0 < wait <= MAX_WAIT:
+                binding = local[_argmax(b.expected_time(n) if n else 0.0 for b, n in takes)]
+                return self._parked_unbooked(binding, wait)
         now = self.clock()
         if wait > MAX_WAIT or wait != wait:  # booked nothing: wait that long, ask again
             held_by = binding.index if binding else _first(remote + local)
@@ -378,6 +387,18 @@ class LimitPlanner:
             only = remote[0].index if len(local) + len(remote) == 1 else None
             return replace(self._held(debt, now, only, remote[0].index, False), shadowed=shadowed)
         return Plan("run", 0.0, True, now, verified=verified, shadowed=shadowed)
+
+    def _parked_unbooked(self, call: _Call, wait: float) -> Plan:
+        """A worker-scope limit makes the task wait longer than the worker holds: it is
+        parked with no slot booked in the worker's bucket (the worker that receives it
+        back, maybe another, asks its own bucket then). A schedule of such parks per
+        bucket, after the bucket's own bookings, spreads their returns at the rate."""
+        bucket = self._local(call.id, call.key, call.rate, call.burst)
+        schedule = self._local(f"parked:{call.id}", call.key, call.rate, call.burst)
+        schedule.charge_until(bucket.booked_until())
+        wait = max(wait, min(MAX_WAIT, schedule.reserve(call.cost, MAX_WAIT)))
+        now = self.clock()
+        return Plan("park", wait, False, now + wait, limit=call.index, held_by=call.index)
 
     def _held(
         self, wait: float, now: float, limit: int | None, held_by: int, fallback: bool

@@ -249,10 +249,12 @@ def test_a_worker_bucket_books_no_wait_beyond_the_longest(limits: Any) -> None:
     pipeline, gate, _clock = limits
     pipeline.register("slow", limited(LimitSpec(MIN_RATE, 1, "worker", None, "1/86400s")))
     planner = gate.planner
-    waits = [wait_of(planner, "slow") for _ in range(40)]
-    assert waits[0] == (0.0, True)
-    assert waits[30] == (pytest.approx(30 * 86400.0), True)
-    assert waits[31] == (MAX_WAIT, False) == waits[39]  # not booked: asks again later
+    plans = [planner.plan("slow", Request()) for _ in range(40)]
+    assert (plans[0].action, plans[0].wait) == ("run", 0.0)
+    # parked with no slot of the worker's own bucket booked, at the schedule of such parks
+    assert [(p.action, p.booked) for p in plans[1:]] == [("park", False)] * 39
+    assert plans[30].wait == pytest.approx(30 * 86400.0)
+    assert plans[31].wait == MAX_WAIT == plans[39].wait  # the schedule books no further
 
 
 @pytest.mark.parametrize(
@@ -429,6 +431,8 @@ def test_a_parked_wait_ends_at_its_booked_slot_whatever_time_passed_before_parki
     message built for the store) is taken off the parked wait: a parked task is not later
     than its slot, which would crowd the slots booked after it."""
     pipeline, gate, clock = limits
+    pipeline.register("g_half", limited(LimitSpec(0.5, 1, "global", None, "30/m")))
+    store = gate.planner._bucket = FakeGlobal(clock)
     stored: list[float] = []
 
     def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> str | None:
@@ -443,9 +447,9 @@ def test_a_parked_wait_ends_at_its_booked_slot_whatever_time_passed_before_parki
     try:
         consumer, _arrival = gated_consumer()
         for _ in range(8):
-            pipeline.submit(consumer, Request(), "t_half")  # 30/m: one slot every 2 s
+            pipeline.submit(consumer, Request(), "g_half")  # 30/m: one slot every 2 s
     finally:
         task_rate_limited.disconnect(slow_receiver)
-    booked = gate.planner.local[("t_half", "")].booked_until()
+    booked = store.buckets[("g_half", "")].booked_until()
     assert gate.counts["parked"] == len(stored) == 6  # 1 runs, the 2 s wait is held
     assert stored == [booked - 2.0 * n for n in range(5, -1, -1)]

@@ -257,3 +257,47 @@ def test_a_task_with_several_limits_names_the_one_a_rate_is_for() -> None:
     assert planner.set_limit("t", "1/s", limit=2) == "t#2: 1/s (burst 1, worker)"
     assert planner.plan("t", request()).action == "run"
     assert planner.plan("t", request()).wait == pytest.approx(1.0)
+
+
+def test_a_worker_limit_parks_long_waits_without_booking_its_own_bucket() -> None:
+    """A worker's bucket is its own: a wait longer than the hold is parked with no slot in
+    it (another worker may receive the task back); a schedule spreads the returns at the
+    rate, after the slots held in the worker."""
+    clock = FakeClock()
+    planner = LimitPlanner({**SETTINGS, "limit_max_hold": 1.0}, lambda: FakeGlobal(clock), clock)  # type: ignore[arg-type, return-value]
+    planner.register("t", LimitSpec(2.0, 1, "worker", None, "2/s"))
+    plans = [planner.plan("t", request()) for _ in range(6)]
+    assert [(p.action, p.booked) for p in plans] == [("run", True), ("hold", True), ("hold", True),
+                                                     ("park", False), ("park", False),
+                                                     ("park", False)]  # fmt: skip
+    assert [p.wait for p in plans[3:]] == pytest.approx([1.5, 2.0, 2.5])
+    assert planner.local[("t", "")].booked_until() == pytest.approx(clock.now + 1.0)
+    # a parked one released to a worker whose bucket is free runs there at once
+    other = planner_with(LimitSpec(2.0, 1, "worker", None, "2/s"), clock=clock)
+    clock.now += 1.5
+    assert other.plan("t", request()).action == "run"
+
+
+def test_park_kinds_name_the_limit_whose_slot_the_store_verifies() -> None:
+    from celery import Celery
+
+    import celery_extras
+    from celery_extras.delay.gate import limit_of_kind
+    from celery_extras.limits.gate import LimitGate
+    from celery_extras.limits.planner import Plan
+
+    gate = LimitGate(celery_extras.install(Celery("kinds", set_as_current=False)), SETTINGS)
+    gate.planner.register("t", (LimitSpec(10.0, 1, "global", None, "10/s"),
+                                LimitSpec(5.0, 1, "global", None, "5/s"),
+                                LimitSpec(2.0, 1, "worker", None, "2/s")))  # fmt: skip
+    kinds = [gate._park_kind("t", Plan("park", 9.0, True, 9.0, limit=i)) for i in range(3)]
+    assert kinds == ["limit", "limit:1", "limit:worker"]
+    assert [limit_of_kind(k) for k in (*kinds, "retry", "eta", "limit:x", "limit:1234")] == [
+        0,
+        1,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
