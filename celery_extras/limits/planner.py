@@ -21,7 +21,6 @@ from ..admission.spec import call_key
 from ..bounds import MAX_WAIT, shown
 from ..checks import is_int
 from ..store.health import StoreHealth, StoreUser, store_text
-from .all_of import admit_all
 from .rate import format_rate, parse_burst, parse_rate
 from .redis_bucket import GlobalTokenBucket, Override, Take, override_field
 from .spec import CostError, LimitSpec, limit_id
@@ -84,7 +83,8 @@ class _Call:
     cost: int
 
     def take(self) -> Take:
-        return Take(self.id, self.key, self.spec.rate, self.spec.burst, self.cost)
+        narrow = self.spec.key is not None  # one key's bucket: its own tasks queue in it
+        return Take(self.id, self.key, self.spec.rate, self.spec.burst, self.cost, narrow)
 
 
 class LimitPlanner:
@@ -292,7 +292,9 @@ class LimitPlanner:
         enforcing = [c for c in calls if not self.shadow(c.spec) and c.index not in taken]
         shadows = [c for c in calls if self.shadow(c.spec)]
         plan = self._decide(name, enforcing, shadows, verified=bool(taken))
-        return replace(plan, taken=taken) if plan.action in ("hold", "park") else plan
+        if plan.action in ("hold", "park"):
+            return replace(plan, taken=taken | plan.taken)
+        return plan
 
     def _decide(
         self, name: str, enforcing: list[_Call], shadows: list[_Call], verified: bool
@@ -324,55 +326,50 @@ class LimitPlanner:
         fallback: bool = False,
     ) -> Plan:
         """Admit one call under *local* buckets and the store's *remote* ones (fallback
-        buckets stand in for those while the store is away): the rule of :mod:`.all_of`."""
+        buckets stand in for those while the store is away): the rule of :mod:`.all_of`,
+        where local buckets, like per-key ones, are narrow."""
         buckets = [self._bucket_of(c, fallback) for c in local]
-        takes = [(b, c.cost) for b, c in zip(buckets, local, strict=True)]
-        floor = max([0.0] + [b.expected_time(n) for b, n in takes if n])
-        # a worker's own bucket books at most a wait it can hold (its slot is no other's);
-        # fallback buckets book any wait (they are never parked: the store knows nothing)
-        hold_limit = MAX_WAIT if fallback else self.max_hold
+        waits = [
+            b.expected_time(c.cost) if c.cost else 0.0 for b, c in zip(buckets, local, strict=True)
+        ]
+        wait = max(waits, default=0.0)
+        if not fallback and self.max_hold < wait <= MAX_WAIT:
+            # a worker's own bucket books at most a wait the worker holds: its slot is no
+            # other worker's (fallback buckets book any wait: they are never parked)
+            return self._parked_unbooked(local[_argmax(waits)], wait)
+        binding = local[_argmax(waits)] if wait > 0 else None
+        taken: set[int] = set()
         shadow_waits: list[tuple[int, float]] = []
-        binding: _Call | None = None
         if remote or shadow_remote:
+            several = sum(s.scope == "global" for s in self.specs[name]) > 1
             acquired = self.global_bucket().acquire(
-                name, [c.take() for c in remote], [c.take() for c in shadow_remote], floor
+                name, [c.take() for c in remote], [c.take() for c in shadow_remote], wait, several
             )
             self.store.answered()
             wait = acquired.wait
             if acquired.binding is not None:
                 binding = remote[acquired.binding]
+            taken = {c.index for c, b in zip(remote, acquired.booked, strict=False) if b}
             shadow_waits = [
                 (c.index, w)
                 for c, w in zip(shadow_remote, acquired.waits[len(remote) :], strict=True)
             ]
-            if wait <= 0:
-                for bucket, tokens in takes:
-                    if tokens:
-                        bucket.reserve(tokens)
-            elif binding is None and wait <= MAX_WAIT and local:  # a local limit binds
-                binding = local[_argmax(b.expected_time(n) if n else 0.0 for b, n in takes)]
-                if wait > hold_limit:
-                    return self._parked_unbooked(binding, wait)
-                self._bucket_of(binding, fallback).reserve(binding.cost)
-        else:
-            admission = admit_all(takes, max_wait=hold_limit)
-            wait = admission.wait
-            if admission.booked is not None:
-                binding = local[admission.booked]
-            elif 0 < wait <= MAX_WAIT:
-                binding = local[_argmax(b.expected_time(n) if n else 0.0 for b, n in takes)]
-                return self._parked_unbooked(binding, wait)
         now = self.clock()
         if wait > MAX_WAIT or wait != wait:  # booked nothing: wait that long, ask again
             held_by = binding.index if binding else _first(remote + local)
             return Plan("hold", MAX_WAIT, False, now + MAX_WAIT, limit=None, held_by=held_by)
+        for bucket, call in zip(buckets, local, strict=True):
+            if call.cost:  # narrow: each books its own slot
+                bucket.reserve(call.cost)
+                taken.add(call.index)
         if wait > 0:
             assert binding is not None
             fell_back = fallback and binding.spec.scope == "global"
             if binding.spec.scope == "global" and not fell_back:
                 self._booked((binding.id, binding.key), now + wait, binding.burst / binding.rate)
                 wait = self._after_fallback(binding.id, binding.key, wait)
-            return self._held(wait, now, binding.index, binding.index, fell_back)
+            held = self._held(wait, now, binding.index, binding.index, fell_back)
+            return replace(held, taken=frozenset(taken - {binding.index}))
         # admitted: every limit is taken now; the shadow ones say what they would have done
         for c in shadow_local:
             if c.cost:

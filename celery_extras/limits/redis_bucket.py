@@ -69,23 +69,27 @@ def override_field(limit: str, key: str = "") -> str:
 @dataclass(frozen=True)
 class Take:
     """One limit's part in admitting one call: its bucket (limit id and key), its own rate
-    and burst, and the tokens the call takes."""
+    and burst, the tokens the call takes, and whether the bucket is narrow (per key: it
+    books its own slot at once, see :mod:`.all_of`)."""
 
     limit: str
     key: str
     rate: float
     burst: int
     tokens: int
+    narrow: bool = False
 
 
 @dataclass(frozen=True)
 class Acquired:
     """What the store answered: the seconds to wait (0: every take was taken), the index of
-    the enforcing take booked for that wait (``None``: none), and each take's own wait."""
+    the enforcing take that makes the call wait that long (``None``: the floor does), each
+    take's own wait, and which takes were booked."""
 
     wait: float
     binding: int | None
     waits: tuple[float, ...]
+    booked: tuple[bool, ...]
 
 
 class Override:
@@ -149,35 +153,45 @@ class GlobalTokenBucket:
         return self.acquire(name, [Take(name, key, rate, burst, tokens)]).wait
 
     def acquire(
-        self, task: str, enforcing: Sequence[Take], shadow: Sequence[Take] = (), floor: float = 0.0
+        self,
+        task: str,
+        enforcing: Sequence[Take],
+        shadow: Sequence[Take] = (),
+        floor: float = 0.0,
+        tagged: bool = False,
     ) -> Acquired:
         """Admit one call of *task* under its global limits, in one round trip: see
-        ``scripts/bucket_acquire.lua``. *floor* is the wait its worker-scope limits ask.
+        ``scripts/bucket_acquire.lua``. *floor* is the wait its worker-scope limits ask;
+        *tagged* (a task with several global limits) puts its buckets under its hash tag.
 
         A take's rate and burst are the limit's own; a rate stored for its limit (or for
         its limit and key) wins. Raises the client's :class:`redis.RedisError` when the
         store cannot answer.
         """
         takes = [*enforcing, *shadow]
-        tag = task if len(takes) > 1 else None
+        tag = task if tagged else None
         keys, args = [], [int(MAX_WAIT * 1_000_000), math.ceil(floor * 1_000_000), len(enforcing)]
         for take in takes:
             rate, burst = self.effective(take)
             bucket = self.bucket_key(take.limit, take.key, tag)
             interval_us = max(1, math.ceil(1_000_000 / rate))
             keys.append(bucket)
-            args += [interval_us, burst, take.tokens, self._floors.get(bucket, (0, 0.0))[0]]
+            floor_us = self._floors.get(bucket, (0, 0.0))[0]
+            args += [interval_us, burst, take.tokens, floor_us, int(take.narrow)]
         reply = cast("list[Any]", self._acquire(keys=keys, args=args))
+        booked = []
         for i, bucket in enumerate(keys):
             new_tat = int(reply[3 + 2 * i])
+            booked.append(bool(new_tat))
             if new_tat:
-                interval_us, burst = args[3 + 4 * i], args[4 + 4 * i]
+                interval_us, burst = args[3 + 5 * i], args[4 + 5 * i]
                 self._remember(bucket, new_tat, int(reply[2 + 2 * i]), interval_us, burst)
         binding = int(reply[1])
         return Acquired(
             wait=int(reply[0]) / 1_000_000,
             binding=binding - 1 if binding else None,
             waits=tuple(int(reply[2 + 2 * i]) / 1_000_000 for i in range(len(keys))),
+            booked=tuple(booked),
         )
 
     def effective(self, take: Take) -> tuple[float, int]:

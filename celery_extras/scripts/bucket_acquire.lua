@@ -2,12 +2,14 @@
 -- KEYS: its buckets, the enforcing ones first, then its shadow ones.
 -- ARGV: longest wait, wait floor (what the task's worker-scope limits ask), count of
 -- enforcing buckets; then per bucket: interval, burst, tokens, floor (the caller's last
--- booked slot in that bucket).
+-- booked slot in that bucket), narrow (1: a per-key bucket, shared only by its key's tasks).
 -- Returns {wait, binding, then per bucket: its own wait, its new arrival time or '0'}.
 -- The task waits for the latest of the floor and the enforcing buckets' waits. If that is
--- 0, every bucket is taken (all or nothing), shadow ones too; otherwise only the enforcing
--- bucket that makes it wait longest (binding, 1-based; 0 when the floor is longer) books
--- its slot, and nothing else is taken: the others are asked again when that slot comes.
+-- 0, every bucket is taken (all or nothing), shadow ones too. Otherwise a narrow bucket
+-- books its own slot (its key's tasks queue in order), and a broad one only when it makes
+-- the task wait longest (binding: the enforcing bucket that does, 1-based; 0 when the floor
+-- does): the others are asked again at the task's time, so they lose no capacity to a task
+-- another limit holds back.
 -- A wait longer than the longest wait books nothing (the caller waits that long and asks
 -- again), so a bucket is never booked further ahead than that: a stored time beyond it is
 -- garbage and read as "now".
@@ -17,17 +19,18 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local max_wait = tonumber(ARGV[1])
 local wait = tonumber(ARGV[2])
 local enforcing = tonumber(ARGV[3])
-local tats, waits = {}, {}
+local tats, waits, tokens, intervals, narrow = {}, {}, {}, {}, {}
 for i = 1, #KEYS do
-  local at = 3 + (i - 1) * 4
+  local at = 3 + (i - 1) * 5
   local interval, burst = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-  local tokens, floor = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]) or 0
+  local floor = tonumber(ARGV[at + 4]) or 0
+  tokens[i], intervals[i], narrow[i] = tonumber(ARGV[at + 3]), interval, ARGV[at + 5] == '1'
   local tat = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
   if tat ~= tat then tat = 0 end
   if tat < floor then tat = floor end
   if tat < now or tat > now + max_wait + burst * interval then tat = now end
-  local own = tat + (tokens - burst) * interval - now
-  if own < 0 or tokens == 0 then own = 0 end
+  local own = tat + (tokens[i] - burst) * interval - now
+  if own < 0 or tokens[i] == 0 then own = 0 end
   tats[i], waits[i] = tat, own
 end
 local binding = 0
@@ -36,18 +39,17 @@ for i = 1, enforcing do
 end
 local booked = {}
 local function book(i)
-  local at = 3 + (i - 1) * 4
-  local new_tat = tats[i] + tonumber(ARGV[at + 3]) * tonumber(ARGV[at + 1])
+  local new_tat = tats[i] + tokens[i] * intervals[i]
   redis.call('SET', KEYS[i], string.format('%.0f', new_tat),
              'PX', math.floor((new_tat - now) / 1000) + 1000)
   booked[i] = string.format('%.0f', new_tat)
 end
-if wait == 0 then
+if wait <= max_wait then
   for i = 1, #KEYS do
-    if waits[i] <= max_wait and tonumber(ARGV[3 + (i - 1) * 4 + 3]) > 0 then book(i) end
+    local due = (i > enforcing and wait == 0) or (i <= enforcing and
+      (wait == 0 or narrow[i] or i == binding))
+    if due and tokens[i] > 0 and waits[i] <= max_wait then book(i) end
   end
-elseif wait <= max_wait and binding > 0 then
-  book(binding)
 end
 local reply = {wait, binding}
 for i = 1, #KEYS do

@@ -79,3 +79,41 @@ def test_a_wait_beyond_the_longest_books_nothing_and_the_expiry_stays_bounded(
     assert waits[31] > MAX_WAIT  # not booked: the next caller is told the same
     assert bucket.reserve("t", MIN_RATE, 1) == pytest.approx(waits[31], abs=1)
     assert client.pttl(bucket.bucket_key("t")) <= (MAX_WAIT + 86400 + 1) * 1000
+
+
+def test_several_limits_in_one_script_follow_the_pure_rule(bucket: GlobalTokenBucket) -> None:
+    """The script and :func:`~celery_extras.limits.all_of.admit_all` (through the fake
+    store on a clock that reads Redis' own) give the same waits, bindings and bookings for
+    one sequence of calls: broad and per-key buckets, costs, a floor, shadow buckets."""
+    import time
+
+    from celery_extras.limits.redis_bucket import Take
+    from tests.support.fake_global import FakeGlobal
+
+    client = bucket.client
+
+    def server_now() -> float:
+        seconds, micros = client.time()
+        return seconds + micros / 1_000_000
+
+    model = FakeGlobal(server_now)
+    broad = Take("t", "", 10.0, 2, 1)
+    per_key = Take("t#2", "a", 2.0, 1, 1, narrow=True)
+    calls = [
+        ([broad, per_key], [], 0.0),
+        ([broad, per_key], [], 0.0),  # the key binds: it books, the broad one does not
+        ([broad, Take("t#2", "b", 2.0, 1, 1, narrow=True)], [], 0.0),
+        ([Take("t", "", 10.0, 2, 2), per_key], [], 0.0),  # cost 2
+        ([broad], [], 0.35),  # a worker limit asks 0.35 s: nothing booked but the narrow
+        ([broad], [Take("t#3", "", 1.0, 1, 1)], 0.0),  # admitted: the shadow one is taken
+        ([broad], [Take("t#3", "", 1.0, 1, 1)], 0.0),
+        ([Take("t", "", 10.0, 2, 0), per_key], [], 0.0),  # cost 0 in the broad one
+    ]
+    for enforcing, shadow, floor in calls:
+        real = bucket.acquire("t", enforcing, shadow, floor, tagged=True)
+        modelled = model.acquire("t", enforcing, shadow, floor)
+        assert (real.binding, real.booked) == (modelled.binding, modelled.booked), (
+            enforcing, real, modelled)  # fmt: skip
+        assert real.wait == pytest.approx(modelled.wait, abs=0.005)
+        assert real.waits == pytest.approx(modelled.waits, abs=0.005)
+        time.sleep(0.001)

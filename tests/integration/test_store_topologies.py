@@ -45,6 +45,23 @@ def test_bucket_books_burst_then_one_slot_per_interval(client: Any, prefix: str)
     assert waits[4] == pytest.approx(0.2, abs=0.02)
 
 
+def test_several_limits_of_a_task_share_one_slot_and_one_script(client: Any, prefix: str) -> None:
+    """A task's buckets lie under its hash tag: on a cluster, one script books them all."""
+    from celery_extras.limits.redis_bucket import Take
+
+    bucket = GlobalTokenBucket(client, prefix)
+    takes = [Take("t", "", 10.0, 1, 1), Take("t#2", "a", 2.0, 1, 1, narrow=True),
+             Take("t#3", "b", 5.0, 1, 1, narrow=True)]  # fmt: skip
+    first = bucket.acquire("t", takes, tagged=True)
+    second = bucket.acquire("t", takes, tagged=True)
+    assert (first.wait, first.booked) == (0.0, (True, True, True))
+    assert second.wait == pytest.approx(0.5, abs=0.02) and second.binding == 1
+    assert second.booked == (False, True, True)  # the narrow ones queue, the broad one waits
+    keys = sorted(client.scan_iter(f"{prefix}:bucket:*"))
+    assert keys == [f"{prefix}:bucket:{{t}}:t#2:a", f"{prefix}:bucket:{{t}}:t#3:b",
+                    f"{prefix}:bucket:{{t}}:t:"]  # fmt: skip
+
+
 def test_stored_override_applies_within_the_refresh(client: Any, prefix: str) -> None:
     mono = FakeClock()
     bucket = GlobalTokenBucket(client, prefix, clock=mono)

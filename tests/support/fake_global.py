@@ -24,31 +24,35 @@ class FakeGlobal:
     def bucket(self, take: Take) -> TokenBucket:
         found = self.buckets.get((take.limit, take.key))
         if found is None:
-            found = self.buckets[(take.limit, take.key)] = TokenBucket(
-                take.rate, take.burst, self.clock
-            )
+            found = TokenBucket(take.rate, take.burst, self.clock)
+            self.buckets[(take.limit, take.key)] = found
         return found
 
     def acquire(
-        self, task: str, enforcing: Sequence[Take], shadow: Sequence[Take] = (), floor: float = 0.0
+        self,
+        task: str,
+        enforcing: Sequence[Take],
+        shadow: Sequence[Take] = (),
+        floor: float = 0.0,
+        tagged: bool = False,
     ) -> Acquired:
         self.calls += 1
         if self.error is not None:
             raise self.error
+        count = len(enforcing) + len(shadow)
         if self.wait is not None:
-            booked = 0 if self.wait <= MAX_WAIT else None
-            return Acquired(self.wait, booked, (self.wait,) * (len(enforcing) + len(shadow)))
-        takes = [(self.bucket(t), t.tokens) for t in enforcing]
-        own = [b.expected_time(n) if n else 0.0 for b, n in takes]
+            booked = self.wait <= MAX_WAIT
+            return Acquired(self.wait, 0 if booked else None, (self.wait,) * count,
+                            (booked,) * count)  # fmt: skip
+        takes = [(self.bucket(t), t.tokens, t.narrow) for t in enforcing]
+        own = [b.expected_time(n) if n else 0.0 for b, n, _ in takes]
         admission = admit_all(takes, floor, MAX_WAIT)
-        shadows = [self.bucket(t) for t in shadow]
         if admission.wait > 0:
-            return Acquired(admission.wait, admission.booked, (*own, *(0.0 for _ in shadows)))
-        shadow_waits = [
-            min(MAX_WAIT, b.reserve(t.tokens, MAX_WAIT))
-            for b, t in zip(shadows, shadow, strict=True)
-        ]
-        return Acquired(0.0, None, (*own, *shadow_waits))
+            return Acquired(admission.wait, admission.binding, (*own, *(0.0,) * len(shadow)),
+                            (*admission.booked, *(False,) * len(shadow)))  # fmt: skip
+        shadows = [(self.bucket(t), t.tokens) for t in shadow]
+        waits = [min(MAX_WAIT, b.reserve(n, MAX_WAIT)) for b, n in shadows]
+        return Acquired(0.0, None, (*own, *waits), (*admission.booked, *(True,) * len(shadow)))
 
     def report_ignored(self, name: str, reason: str) -> None:
         pass

@@ -72,25 +72,37 @@ def planner_with(*specs: LimitSpec, clock: FakeClock) -> LimitPlanner:
     return planner
 
 
-LIMITS = st.lists(st.tuples(st.sampled_from([1.0, 2.0, 5.0, 10.0, 40.0]), st.integers(1, 3)),
-                  min_size=1, max_size=3)  # fmt: skip
+LIMITS = st.lists(
+    st.tuples(st.sampled_from([1.0, 2.0, 5.0, 10.0, 40.0]), st.integers(1, 3),
+              st.sampled_from(["worker", "global", "per key"])),
+    min_size=1, max_size=3,
+)  # fmt: skip
 
 
 @settings(max_examples=200, deadline=None)
 @given(limits=LIMITS, data=st.data())
 def test_several_limits_against_a_brute_force_model(
-    limits: list[tuple[float, int]], data: st.DataObject
+    limits: list[tuple[float, int, str]], data: st.DataObject
 ) -> None:
+    """Worker, global and per-key (one key: "k") limits, each task taking a drawn cost of
+    each; the store is the Lua script's rule on the fake clock."""
     clock = FakeClock(1000.0)
-    specs = [LimitSpec(rate, burst, "worker", None, f"{rate}/s", cost_at(i))
-             for i, (rate, burst) in enumerate(limits)]  # fmt: skip
+    specs = [
+        LimitSpec(rate, burst, "worker" if kind == "worker" else "global",
+                  (lambda a, k: "k") if kind == "per key" else None, f"{rate}/s", cost_at(i))
+        for i, (rate, burst, kind) in enumerate(limits)
+    ]  # fmt: skip
     planner = planner_with(*specs, clock=clock)
+    store: FakeGlobal = planner.global_bucket()  # type: ignore[assignment]
     buckets = []
-    for i, (rate, burst) in enumerate(limits):
+    for i, (rate, burst, kind) in enumerate(limits):
         bucket = RecordingBucket(rate, burst, clock)
-        planner.local[(limit_id("t", i), "")] = bucket
+        if kind == "worker":
+            planner.local[(limit_id("t", i), "")] = bucket
+        else:
+            store.buckets[(limit_id("t", i), "k" if kind == "per key" else "")] = bucket
         buckets.append(bucket)
-    costs = st.tuples(*(st.integers(0, burst) for _, burst in limits))
+    costs = st.tuples(*(st.integers(0, burst) for _, burst, _ in limits))
     tasks = data.draw(st.lists(st.tuples(st.integers(0, 3000), costs), min_size=1, max_size=30))
 
     # the gate, as a loop of timer events: (time, seq, task, booking)
@@ -121,7 +133,7 @@ def test_several_limits_against_a_brute_force_model(
     first = min(range(len(tasks)), key=lambda n: (tasks[n][0], n))
     assert runs[first] == 1000.0 + tasks[first][0] / 1000  # an idle limit set admits at once
     assert max(holds) <= len(limits)  # at most one slot of each limit
-    for i, ((rate, burst), bucket) in enumerate(zip(limits, buckets, strict=True)):
+    for i, ((rate, burst, _), bucket) in enumerate(zip(limits, buckets, strict=True)):
         assert fits(bucket.taken, rate, burst), (i, bucket.taken)
         used = sorted((runs[n], c[i]) for n, (_, c) in enumerate(tasks) if c[i])
         assert sum(n for _, n in bucket.taken) == sum(n for _, n in used)  # none lost
@@ -132,9 +144,11 @@ def test_several_limits_against_a_brute_force_model(
 
 
 def test_the_lower_of_two_stacked_limits_holds_and_the_other_is_not_used_up() -> None:
+    """A per-customer limit under a global one: one customer's backlog waits on its own
+    limit and leaves the global one to the others."""
     clock = FakeClock()
-    per_key = LimitSpec(5.0, 1, "worker", lambda a, k: a[0], "5/s")
-    planner = planner_with(LimitSpec(100.0, 1, "worker", None, "100/s"), per_key, clock=clock)
+    per_key = LimitSpec(5.0, 1, "global", lambda a, k: a[0], "5/s")
+    planner = planner_with(LimitSpec(100.0, 1, "global", None, "100/s"), per_key, clock=clock)
     plans = [planner.plan("t", request("a")) for _ in range(10)]  # customer a: a backlog
     assert [p.action for p in plans] == ["run"] + ["hold"] * 9
     assert [p.held_by for p in plans[1:]] == [1] * 9 and plans[9].wait == pytest.approx(1.8)
@@ -142,7 +156,7 @@ def test_the_lower_of_two_stacked_limits_holds_and_the_other_is_not_used_up() ->
     b = planner.plan("t", request("b"))
     assert (b.action, b.wait, b.held_by) == ("hold", pytest.approx(0.01), 0)
     clock.now += 0.01
-    assert planner.plan("t", request("b"), b.due, b.limit).action == "run"
+    assert planner.plan("t", request("b"), b.due, b.limit, b.taken).action == "run"
     assert planner.plan("t", request("b")).held_by == 1  # b's own 5/s now
 
 
@@ -160,7 +174,7 @@ def test_global_and_worker_limits_mixed_book_in_one_store_call() -> None:
     assert (second.action, second.wait, second.held_by) == ("hold", 0.5, 1)  # the 2/s binds
     assert store.calls == 2 and store.buckets[("t", "")].expected_time() == pytest.approx(0.1)
     clock.now += 0.5  # its slot came: the 10/s is asked again, and taken
-    assert planner.plan("t", request(), second.due, second.limit).action == "run"
+    assert planner.plan("t", request(), second.due, second.limit, second.taken).action == "run"
     assert store.calls == 3
 
 

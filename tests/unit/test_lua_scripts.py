@@ -30,7 +30,7 @@ SHA1 = {
     "slot_store.RELEASE_SCRIPT": "8cb5f23b9833d5b6c633395ff35bd0c948377561",
     "slot_store.RENEW_SCRIPT": "2dcde71a36f0b226566fe38e9f7851ce4a336958",
     "slot_store.TICKET_SCRIPT": "f4f7d89401570e8cc905e948739f6b84ad5434a8",
-    "global_bucket.ACQUIRE_SCRIPT": "2be6c2b6b1e4ad162936efe8a1bdc35368cd1a40",
+    "global_bucket.ACQUIRE_SCRIPT": "e2859fec074d6618535396bd888059818264af68",
     "revoke_store._WRITE": "fb433594f243355236d11b773fa40cb0ec25d3cd",
     "revoke_store._PROBE": "d10df296eaa33eea0d2edee8d1398f9cf6a796cd",
     "revoke_store._PULL": "94ac9ba0bf9dbed761ddf817574fd23331519195",
