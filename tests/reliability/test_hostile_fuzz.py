@@ -22,8 +22,8 @@ from tests.unit.test_fuzz import SMALL_JSON
 INCLUDE = ("tests.support.tasks_reliability",)
 LIMITED = "tests.reliability.limited"
 COMMANDS = {  # command: its argument names
-    "extras_limit": ("task_name", "rate", "burst"),
-    "extras_limit_reset": ("task_name",),
+    "extras_limit": ("task_name", "rate", "burst", "key", "limit"),
+    "extras_limit_reset": ("task_name", "key", "limit"),
     "extras_revoked": ("limit",),
     "extras_sync_hello": ("from_node", "clock"),
 }
