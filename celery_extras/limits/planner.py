@@ -349,7 +349,11 @@ class LimitPlanner:
             wait = acquired.wait
             if acquired.binding is not None:
                 binding = remote[acquired.binding]
-            taken = {c.index for c, b in zip(remote, acquired.booked, strict=False) if b}
+            now = self.clock()
+            for call, booked, own in zip(remote, acquired.booked, acquired.waits, strict=False):
+                if booked:  # the latest slot it booked here: a fallback bucket starts after it
+                    self._booked((call.id, call.key), now + own, call.burst / call.rate)
+                    taken.add(call.index)
             shadow_waits = [
                 (c.index, w)
                 for c, w in zip(shadow_remote, acquired.waits[len(remote) :], strict=True)
@@ -366,7 +370,6 @@ class LimitPlanner:
             assert binding is not None
             fell_back = fallback and binding.spec.scope == "global"
             if binding.spec.scope == "global" and not fell_back:
-                self._booked((binding.id, binding.key), now + wait, binding.burst / binding.rate)
                 wait = self._after_fallback(binding.id, binding.key, wait)
             held = self._held(wait, now, binding.index, binding.index, fell_back)
             return replace(held, taken=frozenset(taken - {binding.index}))
@@ -376,10 +379,7 @@ class LimitPlanner:
                 bucket = self._bucket_of(c, fallback)
                 shadow_waits.append((c.index, min(MAX_WAIT, bucket.reserve(c.cost, MAX_WAIT))))
         shadowed = tuple((i, w) for i, w in shadow_waits if w > 0)
-        debt = 0.0
-        for c in remote:
-            self._booked((c.id, c.key), now, c.burst / c.rate)
-            debt = max(debt, self._after_fallback(c.id, c.key, 0.0))
+        debt = max([0.0] + [self._after_fallback(c.id, c.key, 0.0) for c in remote])
         if debt > 0:  # a fallback bucket handed out slots during an outage: wait them out
             only = remote[0].index if len(local) + len(remote) == 1 else None
             return replace(self._held(debt, now, only, remote[0].index, False), shadowed=shadowed)

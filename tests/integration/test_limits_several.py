@@ -72,6 +72,24 @@ def test_stacked_limits_hold_the_lower(
     held = policies(cluster, worker.hostname)["by_limit"]["tests.limits.stacked"]
     assert held["2: 5/s"]["held"] == 40 and held["1: 100/s"]["held"] == 0
 
+    # a run-time rate names which of the two it is for
+    done = extras(cluster, "limit", "tests.limits.stacked", "50/s")
+    assert (
+        done.returncode == 2
+        and "tests.limits.stacked has 2 limit()s: name one with --limit N (1: 100/s, 2: 5/s)"
+        in done.stderr
+    ), done.stderr
+    done = extras(cluster, "limit", "tests.limits.stacked", "50/s", "--limit", "2")
+    assert done.returncode == 0, done.stderr
+    assert f"{worker.hostname}: tests.limits.stacked#2: 50/s (burst 1, global)" in done.stdout
+    shown = extras(cluster, "limit", "--show", "tests.limits.stacked").stdout
+    assert "tests.limits.stacked: #1 limit(100/s, burst=1, scope=global); no stored rate" in shown
+    assert "tests.limits.stacked: #2 limit(5/s, burst=1, scope=global); stored rate 50/s" in shown
+    assert f"  {worker.hostname}: #2 50/s burst 1 (stored rate, global)" in shown, shown
+    assert (
+        extras(cluster, "limit", "--reset", "tests.limits.stacked", "--limit", "2").returncode == 0
+    )
+
 
 @pytest.mark.scenario
 def test_a_global_limit_over_per_worker_limits_on_two_workers_holds_the_lower(
