@@ -79,9 +79,6 @@ class Hold:
     seconds: float
     park: str | None = None
     due: float | None = None
-    #: held in the timer with the prefetch window widened (the default), or not: the
-    #: message keeps its place in the window, so the worker takes no more meanwhile
-    widen: bool = True
 
 
 Answer = Run | Hold | Queued | Covered | Refuse

@@ -188,7 +188,7 @@ class Pipeline:
             return
         key = id(ticket.request)
         self.holds.hold(ticket.consumer, key, hold.seconds, self._held_due, (ticket,),
-                        request=ticket.request, widen=hold.widen)  # fmt: skip
+                        request=ticket.request)  # fmt: skip
         gate.held(ticket, hold, parked=False)
 
     def _left(self, ticket: Ticket, seconds: float) -> None:

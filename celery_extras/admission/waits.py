@@ -2,9 +2,7 @@
 
 A message held here stays unacked and takes no pool slot; the prefetch window is
 widened while it waits (as Celery does for ETA tasks), so the messages behind it
-keep flowing, unless the gate asks otherwise (a worker-scope limit's long wait: the
-worker takes no more than its window while it cannot run them, and leaves the rest
-of the queue to other workers). A connection lost drops every hold: the broker delivers the messages
+keep flowing. A connection lost drops every hold: the broker delivers the messages
 again.
 """
 
@@ -22,8 +20,7 @@ class TimerHolds:
     """Messages (or requests) held in a consumer's timer, each under a key."""
 
     def __init__(self) -> None:
-        #: key -> (timer entry, request, whether the prefetch window was widened for it)
-        self._entries: dict[Hashable, tuple[Any, Any, bool]] = {}
+        self._entries: dict[Hashable, tuple[Any, Any]] = {}  # key -> (timer entry, request)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -36,30 +33,24 @@ class TimerHolds:
         due: Callable[..., None],
         args: tuple[Any, ...] = (),
         request: Any = None,
-        widen: bool = True,
     ) -> None:
-        """Call ``due(*args)`` in *seconds* from the consumer's event loop, unless dropped;
-        *widen*: the prefetch window is widened meanwhile."""
-        if widen:
-            compat.widen_prefetch(consumer)
+        """Call ``due(*args)`` in *seconds* from the consumer's event loop, unless dropped."""
+        compat.widen_prefetch(consumer)
         entry = consumer.timer.call_after(seconds, due, args, priority=6)
-        self._entries[key] = (entry, request, widen)
+        self._entries[key] = (entry, request)
         if request is not None:
             compat.track_held(request, entry)  # so Celery's on_close() cancels it too (5.7+)
 
     def release(self, consumer: Any, key: Hashable) -> bool:
-        """The hold of *key* ended: ``True`` (prefetch narrowed if widened for it) unless it
-        was dropped."""
-        held = self._entries.pop(key, None)
-        if held is None:
+        """The hold of *key* ended: ``True`` (prefetch narrowed) unless it was dropped."""
+        if self._entries.pop(key, None) is None:
             return False
-        if held[2]:
-            compat.narrow_prefetch(consumer)
+        compat.narrow_prefetch(consumer)
         return True
 
     def drop_all(self) -> None:
         """Cancel every hold; a held request is dropped from Celery's state too."""
-        for entry, request, _ in self._entries.values():
+        for entry, request in self._entries.values():
             entry.cancel()
             if request is not None:
                 compat.forget_held(request)

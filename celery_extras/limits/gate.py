@@ -31,10 +31,9 @@ from typing import Any
 from celery import Celery
 
 from ..admission.gate import RUN, Answer, Gate, Hold, Refuse, Ticket
-from ..checks import is_number
 from ..signals import task_rate_limited, task_shadow_limited
 from ..store.client import redis_client, store_key, store_user
-from .planner import WORKER_HOLD, LimitPlanner
+from .planner import LimitPlanner
 from .rate import format_rate
 from .redis_bucket import GlobalTokenBucket
 from .spec import limit_id
@@ -61,17 +60,6 @@ class Booking:
     taken: frozenset[int] = frozenset()
 
 
-def worker_hold(app: Celery) -> float:
-    """The longest wait a worker-scope limit holds in the worker: :data:`WORKER_HOLD`, or a
-    quarter of the broker's ``visibility_timeout`` if that is shorter (a message unacked
-    longer would be delivered again)."""
-    transport = app.conf.broker_transport_options or {}
-    visibility = transport.get("visibility_timeout") if isinstance(transport, dict) else None
-    if is_number(visibility, above=0):
-        return min(WORKER_HOLD, float(visibility) / 4)
-    return WORKER_HOLD
-
-
 class LimitGate(Gate):
     """The limits of one worker's consumer, as a gate of its admission pipeline."""
 
@@ -82,10 +70,7 @@ class LimitGate(Gate):
     ) -> None:
         self.app = app
         self.planner = planner = LimitPlanner(
-            settings,
-            lambda: GlobalTokenBucket(redis_client(app), store_key(app)),
-            clock,
-            worker_hold=worker_hold(app),
+            settings, lambda: GlobalTokenBucket(redis_client(app), store_key(app)), clock
         )
         planner.store = store_user(app, logger, *planner.outage_texts(), clock)
         self.clock = clock
@@ -170,8 +155,7 @@ class LimitGate(Gate):
         ticket.notes[self.label] = Booking(
             plan.due, plan.booked, plan.fallback, plan.verified, plan.limit, plan.taken
         )
-        return Hold(plan.wait, park=self._park_kind(ticket.name, plan), due=plan.due,
-                    widen=plan.widen)  # fmt: skip
+        return Hold(plan.wait, park=self._park_kind(ticket.name, plan), due=plan.due)
 
     def _park_kind(self, name: str, plan: Any) -> str | None:
         """The kind of the delay-store entry a parked request gets: ``"limit"`` for a slot of

@@ -26,7 +26,7 @@ from .redis_bucket import GlobalTokenBucket, Override, Take, override_field
 from .spec import CostError, LimitSpec, limit_id
 from .token_bucket import TokenBucket
 
-__all__ = ["LATE_CAP", "LATE_FLOOR", "WORKER_HOLD", "LimitPlanner", "Plan"]
+__all__ = ["LATE_CAP", "LATE_FLOOR", "LimitPlanner", "Plan"]
 
 logger = logging.getLogger("celery_extras.limits.gate")
 
@@ -39,14 +39,6 @@ LATE_FLOOR = 0.02
 LATE_CAP = 0.5
 
 _MAX_LOCAL_BUCKETS = 4096
-
-#: Longest wait a worker-scope limit holds in the worker (a quarter of the broker's
-#: visibility timeout if that is shorter): its slot is the worker's own, so it is not
-#: parked for another worker to take back; only longer waits are (see
-#: :meth:`LimitPlanner._parked_unbooked`). Past ``extras_limit_max_hold`` such a wait is
-#: held without widening the prefetch window: the worker takes no more of a backlog than
-#: it can start soon, and leaves the rest of the queue to the other workers.
-WORKER_HOLD = 60.0
 
 
 @dataclass(frozen=True)
@@ -75,9 +67,6 @@ class Plan:
     shadowed: tuple[tuple[int, float], ...] = ()
     #: the limits whose token a held task already holds (not asked again)
     taken: frozenset[int] = frozenset()
-    #: held with the prefetch window widened: not for a worker-scope wait longer than the
-    #: hold, so a worker takes no more of a backlog than it can start soon
-    widen: bool = True
     error: str = ""
 
 
@@ -111,12 +100,10 @@ class LimitPlanner:
         global_bucket: Callable[[], GlobalTokenBucket],
         clock: Callable[[], float] = time.monotonic,
         store: StoreUser | None = None,
-        worker_hold: float = WORKER_HOLD,
     ) -> None:
         self.clock = clock
         self._make_bucket = global_bucket
         self.max_hold: float = settings["limit_max_hold"]
-        self.worker_hold = max(self.max_hold, worker_hold)
         self.on_store_error: str = settings["limit_on_store_error"]
         self.store_retry: float = settings["limit_store_retry"]
         self.all_shadow: bool = bool(settings.get("limits_shadow", False))
@@ -346,7 +333,7 @@ class LimitPlanner:
             b.expected_time(c.cost) if c.cost else 0.0 for b, c in zip(buckets, local, strict=True)
         ]
         wait = max(waits, default=0.0)
-        if not fallback and self.worker_hold < wait <= MAX_WAIT:
+        if not fallback and self.max_hold < wait <= MAX_WAIT:
             # a worker's own bucket books at most a wait the worker holds: its slot is no
             # other worker's (fallback buckets book any wait: they are never parked)
             return self._parked_unbooked(local[_argmax(waits)], wait)
@@ -384,11 +371,8 @@ class LimitPlanner:
             fell_back = fallback and binding.spec.scope == "global"
             if binding.spec.scope == "global" and not fell_back:
                 wait = self._after_fallback(binding.id, binding.key, wait)
-            parkable = binding.spec.scope == "global" and not fell_back
-            held = self._held(wait, now, binding.index, binding.index, not parkable)
-            widen = parkable or fell_back or wait <= self.max_hold
-            return replace(held, taken=frozenset(taken - {binding.index}), fallback=fell_back,
-                           widen=widen)  # fmt: skip
+            held = self._held(wait, now, binding.index, binding.index, fell_back)
+            return replace(held, taken=frozenset(taken - {binding.index}))
         # admitted: every limit is taken now; the shadow ones say what they would have done
         for c in shadow_local:
             if c.cost:
@@ -402,8 +386,7 @@ class LimitPlanner:
         return Plan("run", 0.0, True, now, verified=verified, shadowed=shadowed)
 
     def _parked_unbooked(self, call: _Call, wait: float) -> Plan:
-        """A worker-scope limit makes the task wait longer than the worker holds
-        (:data:`WORKER_HOLD`): it is
+        """A worker-scope limit makes the task wait longer than the worker holds: it is
         parked with no slot booked in the worker's bucket (the worker that receives it
         back, maybe another, asks its own bucket then). A schedule of such parks per
         bucket, after the bucket's own bookings, spreads their returns at the rate."""
@@ -414,13 +397,15 @@ class LimitPlanner:
         now = self.clock()
         return Plan("park", wait, False, now + wait, limit=call.index, held_by=call.index)
 
-    def _held(self, wait: float, now: float, limit: int | None, held_by: int, local: bool) -> Plan:
-        """Hold for *wait* in the worker, or park it when longer than the hold: never a
-        *local* slot (a worker's own, or a fallback one: the store does not know it),
-        never one of several limits taken at once."""
-        if wait > self.max_hold and not local and limit is not None:
+    def _held(
+        self, wait: float, now: float, limit: int | None, held_by: int, fallback: bool
+    ) -> Plan:
+        """Hold for *wait* in the worker, or park it when longer than the hold (never a
+        fallback slot: the store does not know it; never one of several limits taken)."""
+        if wait > self.max_hold and not fallback and limit is not None:
             return Plan("park", wait, True, now + wait, limit=limit, held_by=held_by)
-        return Plan("hold", wait, True, now + wait, limit=limit, held_by=held_by)
+        return Plan("hold", wait, True, now + wait, fallback=fallback, limit=limit,
+                    held_by=held_by)  # fmt: skip
 
     def _bucket_of(self, call: _Call, fallback: bool) -> TokenBucket:
         if call.spec.scope == "worker" or not fallback:

@@ -108,10 +108,10 @@ def test_a_global_limit_over_per_worker_limits_on_two_workers_holds_the_lower(
         w: [e for e in entries if e["worker"] == w] for w in {e["worker"] for e in entries}
     }
     assert len(per_worker) == 2
-    rates = sorted(rate(mine, 1, one_each) for mine in per_worker.values())
-    assert rates[-1] <= 2.1, rates  # no worker above its own limit
+    for mine in per_worker.values():
+        assert 1.9 <= rate(mine, 1, one_each) <= 2.1
     # both workers' buckets start full: past the first start of each, 4 a second
-    assert 3.8 <= rate(entries, 2, one_each) <= 4.2, rates
+    assert 3.8 <= rate(entries, 2, one_each) <= 4.2
 
 
 @pytest.mark.scenario

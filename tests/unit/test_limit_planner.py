@@ -20,8 +20,7 @@ def no_store() -> None:
 @pytest.fixture
 def planner_clock() -> tuple[LimitPlanner, FakeClock]:
     clock = FakeClock(30 * 86400.0)
-    # worker_hold 0: a worker-scope wait beyond the hold is parked, as a global one is
-    planner = LimitPlanner(SETTINGS, no_store, clock, worker_hold=0.0)  # type: ignore[arg-type]
+    planner = LimitPlanner(SETTINGS, no_store, clock)  # type: ignore[arg-type]
     planner.register("t10", LimitSpec(10.0, 1, "worker", None, "10/s"))
     return planner, clock
 

@@ -274,16 +274,11 @@ def test_a_task_with_several_limits_names_the_one_a_rate_is_for() -> None:
 
 
 def test_a_worker_limit_parks_long_waits_without_booking_its_own_bucket() -> None:
-    """A worker's bucket is its own: it holds waits up to ``WORKER_HOLD`` (60 s); a longer
-    one is parked with no slot in it (another worker may receive the task back); a
-    schedule spreads the returns at the rate, after the slots held in the worker."""
+    """A worker's bucket is its own: a wait longer than the hold is parked with no slot in
+    it (another worker may receive the task back); a schedule spreads the returns at the
+    rate, after the slots held in the worker."""
     clock = FakeClock()
-    settings = {**SETTINGS, "limit_max_hold": 1.0}
-    held = LimitPlanner(settings, lambda: FakeGlobal(clock), clock)  # type: ignore[arg-type, return-value]
-    held.register("t", LimitSpec(2.0, 1, "worker", None, "2/s"))
-    plans = [held.plan("t", request()) for _ in range(122)]  # by default it holds 60 s
-    assert {p.action for p in plans[1:121]} == {"hold"} and plans[121].action == "park"
-    planner = LimitPlanner(settings, lambda: FakeGlobal(clock), clock, worker_hold=1.0)  # type: ignore[arg-type, return-value]
+    planner = LimitPlanner({**SETTINGS, "limit_max_hold": 1.0}, lambda: FakeGlobal(clock), clock)  # type: ignore[arg-type, return-value]
     planner.register("t", LimitSpec(2.0, 1, "worker", None, "2/s"))
     plans = [planner.plan("t", request()) for _ in range(6)]
     assert [(p.action, p.booked) for p in plans] == [("run", True), ("hold", True), ("hold", True),
@@ -320,18 +315,3 @@ def test_park_kinds_name_the_limit_whose_slot_the_store_verifies() -> None:
         None,
         None,
     ]
-
-
-@pytest.mark.parametrize(("options", "hold"), [({}, 60.0), ({"visibility_timeout": 20}, 5.0),
-                                              ({"visibility_timeout": 3600}, 60.0),
-                                              ({"visibility_timeout": "x"}, 60.0)])  # fmt: skip
-def test_a_worker_limit_holds_less_than_the_brokers_visibility_timeout(
-    options: dict[str, Any], hold: float
-) -> None:
-    from celery import Celery
-
-    from celery_extras.limits.gate import worker_hold
-
-    app = Celery("hold", set_as_current=False)
-    app.conf.broker_transport_options = options
-    assert worker_hold(app) == hold
