@@ -40,6 +40,11 @@ LATE_CAP = 0.5
 
 _MAX_LOCAL_BUCKETS = 4096
 
+#: How much faster than its rate a worker-scope limit schedules the returns of the tasks
+#: it parked: they come back to any worker, so each worker receives more than it can
+#: run and none idles while another holds two (the surplus is held or parked again).
+PARKED_PACE = 2.0
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -391,7 +396,8 @@ class LimitPlanner:
         back, maybe another, asks its own bucket then). A schedule of such parks per
         bucket, after the bucket's own bookings, spreads their returns at the rate."""
         bucket = self._local(call.id, call.key, call.rate, call.burst)
-        schedule = self._local(f"parked:{call.id}", call.key, call.rate, call.burst)
+        pace = call.rate * PARKED_PACE
+        schedule = self._local(f"parked:{call.id}", call.key, pace, call.burst)
         schedule.charge_until(bucket.booked_until())
         wait = max(wait, min(MAX_WAIT, schedule.reserve(call.cost, MAX_WAIT)))
         now = self.clock()

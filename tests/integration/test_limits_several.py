@@ -110,12 +110,8 @@ def test_a_global_limit_over_per_worker_limits_on_two_workers_holds_the_lower(
     assert len(per_worker) == 2
     rates = sorted(rate(mine, 1, one_each) for mine in per_worker.values())
     total = rate(entries, 2, one_each)  # both buckets start full: past both first starts
-    assert rates[-1] <= 2.1, rates  # no worker above its own limit
-    assert total <= 4.2, (rates, total)  # nor the two above the sum of theirs
-    # Throughput: a worker-scope wait past extras_limit_max_hold is parked with no slot of
-    # its worker's bucket and comes back to either worker, so one may idle while the other
-    # holds two: measured 3.4 to 4.07/s (85 to 100 %) here; 3.2 catches a collapse
-    assert total >= 3.2, (rates, total)
+    assert rates[0] >= 1.9 and rates[-1] <= 2.1, rates  # each worker at its own limit
+    assert 3.8 <= total <= 4.2, (rates, total)  # and the two at the sum of theirs
 
 
 @pytest.mark.scenario

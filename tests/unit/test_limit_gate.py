@@ -24,6 +24,7 @@ from celery_extras.admission.pipeline import Pipeline
 from celery_extras.admission.registry import TaskPolicies
 from celery_extras.bounds import MAX_WAIT
 from celery_extras.limits.gate import LimitGate
+from celery_extras.limits.planner import PARKED_PACE
 from celery_extras.limits.rate import MIN_RATE
 from celery_extras.limits.spec import LimitSpec
 from celery_extras.signals import task_rate_limited
@@ -249,12 +250,13 @@ def test_a_worker_bucket_books_no_wait_beyond_the_longest(limits: Any) -> None:
     pipeline, gate, _clock = limits
     pipeline.register("slow", limited(LimitSpec(MIN_RATE, 1, "worker", None, "1/86400s")))
     planner = gate.planner
-    plans = [planner.plan("slow", Request()) for _ in range(40)]
+    plans = [planner.plan("slow", Request()) for _ in range(70)]
     assert (plans[0].action, plans[0].wait) == ("run", 0.0)
     # parked with no slot of the worker's own bucket booked, at the schedule of such parks
-    assert [(p.action, p.booked) for p in plans[1:]] == [("park", False)] * 39
-    assert plans[30].wait == pytest.approx(30 * 86400.0)
-    assert plans[31].wait == MAX_WAIT == plans[39].wait  # the schedule books no further
+    # (at twice the rate: they come back to any worker)
+    assert [(p.action, p.booked) for p in plans[1:]] == [("park", False)] * 69
+    assert plans[30].wait == pytest.approx(30 * 86400.0 / PARKED_PACE)
+    assert plans[60].wait == MAX_WAIT == plans[69].wait  # the schedule books no further
 
 
 @pytest.mark.parametrize(

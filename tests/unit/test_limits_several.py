@@ -275,8 +275,8 @@ def test_a_task_with_several_limits_names_the_one_a_rate_is_for() -> None:
 
 def test_a_worker_limit_parks_long_waits_without_booking_its_own_bucket() -> None:
     """A worker's bucket is its own: a wait longer than the hold is parked with no slot in
-    it (another worker may receive the task back); a schedule spreads the returns at the
-    rate, after the slots held in the worker."""
+    it (another worker may receive the task back); a schedule spreads the returns at
+    twice the rate, after the slots held in the worker."""
     clock = FakeClock()
     planner = LimitPlanner({**SETTINGS, "limit_max_hold": 1.0}, lambda: FakeGlobal(clock), clock)  # type: ignore[arg-type, return-value]
     planner.register("t", LimitSpec(2.0, 1, "worker", None, "2/s"))
@@ -284,7 +284,8 @@ def test_a_worker_limit_parks_long_waits_without_booking_its_own_bucket() -> Non
     assert [(p.action, p.booked) for p in plans] == [("run", True), ("hold", True), ("hold", True),
                                                      ("park", False), ("park", False),
                                                      ("park", False)]  # fmt: skip
-    assert [p.wait for p in plans[3:]] == pytest.approx([1.5, 2.0, 2.5])
+    # no sooner than the bucket's own wait, at twice the rate (they come back to any worker)
+    assert [p.wait for p in plans[3:]] == pytest.approx([1.5, 1.5, 1.75])
     assert planner.local[("t", "")].booked_until() == pytest.approx(clock.now + 1.0)
     # a parked one released to a worker whose bucket is free runs there at once
     other = planner_with(LimitSpec(2.0, 1, "worker", None, "2/s"), clock=clock)
