@@ -113,10 +113,10 @@ class LimitGate(Gate):
                 _announced.add((limit, text))
                 logger.warning(
                     "celery-extras: %s runs at the stored rate %s%s, not its limit() %s "
-                    "(set with `celery extras limit`; `celery extras limit --reset %s` restores "
-                    "it)",
+                    "(set with `celery extras limit`; `celery extras limit --reset %s%s` "
+                    "restores it)",
                     limit, text, f" burst {override.burst}" if override.burst else "", spec.text,
-                    name,
+                    name, f" --limit {index + 1}" if index else "",
                 )  # fmt: skip
 
     def load_overrides(self) -> None:
