@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -345,6 +345,7 @@ class LimitPlanner:
         binding = local[_argmax(waits)] if wait > 0 else None
         taken: set[int] = set()
         shadow_waits: list[tuple[int, float]] = []
+        remote_booked: Iterable[tuple[_Call, bool, float]] = ()
         if remote or shadow_remote:
             several = sum(s.scope == "global" for s in self.specs[name]) > 1
             acquired = self.global_bucket().acquire(
@@ -354,16 +355,16 @@ class LimitPlanner:
             wait = acquired.wait
             if acquired.binding is not None:
                 binding = remote[acquired.binding]
-            now = self.clock()
-            for call, booked, own in zip(remote, acquired.booked, acquired.waits, strict=False):
-                if booked:  # the latest slot it booked here: a fallback bucket starts after it
-                    self._booked((call.id, call.key), now + own, call.burst / call.rate)
-                    taken.add(call.index)
+            remote_booked = zip(remote, acquired.booked, acquired.waits, strict=False)
             shadow_waits = [
                 (c.index, w)
                 for c, w in zip(shadow_remote, acquired.waits[len(remote) :], strict=True)
             ]
         now = self.clock()
+        for call, booked, own in remote_booked:
+            if booked:  # the latest slot it booked here: a fallback bucket starts after it
+                self._booked((call.id, call.key), now + own, call.burst / call.rate)
+                taken.add(call.index)
         if wait > MAX_WAIT or wait != wait:  # booked nothing: wait that long, ask again
             held_by = binding.index if binding else _first(remote + local)
             return Plan("hold", MAX_WAIT, False, now + MAX_WAIT, limit=None, held_by=held_by)
