@@ -124,6 +124,18 @@ class Cluster:
         self.workers.append(worker)
         return worker.start() if start else worker
 
+    def ask(self, worker: WorkerProcess, command: str, **arguments: Any) -> Any:
+        """Send one control command to *worker* and return its answer (None if none came).
+
+        The broadcast returns at the first reply; the deadline is generous because a loaded
+        machine (two suites' workers on two cores) can take seconds to answer a large one.
+        """
+        replies = self.app.control.broadcast(
+            command, arguments=arguments, reply=True, timeout=30, limit=1,
+            destination=[worker.hostname],
+        )  # fmt: skip
+        return replies[0][worker.hostname] if replies else None
+
     def stop(self) -> None:
         """After the test: SIGKILL its workers (each in its own process group, pool and all).
 

@@ -36,12 +36,8 @@ def test_malformed_limit_command_is_refused_with_a_reason(
 ) -> None:
     cluster.configure(include=INCLUDE)
     worker = cluster.worker("w1")
-    replies = cluster.app.control.broadcast(
-        "extras_limit", arguments=arguments, reply=True, timeout=5,
-        destination=[worker.hostname],
-    )  # fmt: skip
-    assert len(replies) == 1, replies
-    answer = replies[0][worker.hostname]
+    answer = cluster.ask(worker, "extras_limit", **arguments)
+    assert answer is not None, arguments
     assert "ok" not in answer and error in str(answer["error"]), answer
     still_serves(cluster, worker, journal, "after-bad-command")
 

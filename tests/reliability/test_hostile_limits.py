@@ -43,12 +43,8 @@ def test_absurd_limit_by_control_command_is_refused_and_kills_no_worker(
     cluster.configure(include=INCLUDE)
     worker = cluster.worker("w1")
     for arguments, error in ABSURD:
-        replies = cluster.app.control.broadcast(
-            "extras_limit", arguments={"task_name": LIMITED, **arguments}, reply=True,
-            timeout=5, destination=[worker.hostname],
-        )  # fmt: skip
-        assert len(replies) == 1, replies
-        answer = replies[0][worker.hostname]
+        answer = cluster.ask(worker, "extras_limit", task_name=LIMITED, **arguments)
+        assert answer is not None, arguments.get("rate", "")[:40]
         assert "ok" not in answer, (arguments.get("rate", "")[:40], answer)
         assert error in answer["error"], answer
         assert len(answer["error"]) < 300  # a 1 MB argument gives a short reply, not 1 MB
