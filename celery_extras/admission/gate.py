@@ -12,10 +12,11 @@ left this worker before running (:meth:`Gate.yielded`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from ..clock import monotonic
 
 __all__ = [
     "COVERED",
@@ -112,7 +113,7 @@ class Gate:
     #: ``True`` when :meth:`finished` must be called as each admitted request ends
     hears_endings: ClassVar[bool] = False
     #: the clock of the gate's answers (:attr:`Hold.due`)
-    clock: Callable[[], float] = staticmethod(time.monotonic)
+    clock: Callable[[], float] = staticmethod(monotonic)
 
     def handles(self, name: str) -> bool:
         """Whether tasks of *name* pass this gate."""

@@ -25,7 +25,6 @@ message does: ``'hold'`` waits (unacked) and asks again every
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from .. import compat
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
 from ..admission.notices import ALL, Bucket, ReleaseNotices
 from ..admission.spec import call_key
+from ..clock import monotonic, wall
 from ..delay.gate import DELAY_ATTR
 from ..signals import task_coalesced
 from ..store.client import store_user
@@ -94,8 +94,8 @@ class CoalesceGate(Gate):
     hears_endings = True
 
     def __init__(self, app: Celery, settings: Mapping[str, Any],
-                 clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 clock: Callable[[], float] = monotonic,
+                 wall: Callable[[], float] = wall) -> None:  # fmt: skip
         self.app = app
         self.clock = clock
         self.wall = wall

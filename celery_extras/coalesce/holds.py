@@ -9,13 +9,13 @@ holds are this worker's :class:`~.table.CoalesceTable`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
 
 from ..admission.notices import ReleaseNotices
+from ..clock import wall
 from ..store.client import redis_client, store_key, store_safety, store_url
 from ..store.health import StoreUser
 from ..store.safety import COALESCING
@@ -29,7 +29,7 @@ class Holds:
     """Where one worker's coalescing holds are, and the one way it calls them."""
 
     def __init__(self, app: Celery, health: StoreUser,
-                 wall: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 wall: Callable[[], float] = wall) -> None:  # fmt: skip
         self.app = app
         self.health = health
         self.safety = store_safety(app)

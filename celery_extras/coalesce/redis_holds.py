@@ -17,13 +17,13 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from ..admission.notices import Bucket, notice
-from ..scripts import load
+from ..scripts import NOW, load, register
 from .table import Finished, Verdict
 
 __all__ = ["SCRIPT", "RedisHolds"]
 
 #: The one script of every operation (``scripts/coalesce.lua``), after the server's time.
-SCRIPT = load("now_ms") + load("coalesce")
+SCRIPT = NOW + load("coalesce")
 
 
 def _ms(seconds: float) -> int:
@@ -41,7 +41,7 @@ class RedisHolds:
         self.client = client
         self.prefix = prefix
         self.channel = f"{prefix}:coalesce:ended"
-        self._script = client.register_script(SCRIPT)
+        self._script = register(client, SCRIPT)
 
     def hash_key(self, name: str, key: str) -> str:
         """The hash of ``(name, key)``, under a hash tag of its own."""

@@ -11,12 +11,12 @@ ETA as sent at its ETA: a run before the ETA does not do its work. No Celery imp
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
 from ..checks import is_number
+from ..clock import wall
 
 __all__ = ["SENT_HEADER", "coalesced_tasks", "sent_at", "stamp_sent"]
 
@@ -29,7 +29,7 @@ coalesced_tasks: set[str] = set()
 def stamp_sent(
     sender: Any = None,
     headers: MutableMapping[str, Any] | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] = wall,
     **kwargs: Any,
 ) -> None:
     """``before_task_publish`` receiver: stamp the send time on a coalesced task's message

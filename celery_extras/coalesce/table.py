@@ -25,10 +25,11 @@ table is what a worker with no store uses, and the executable form of the rules.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Literal
+
+from ..clock import wall
 
 __all__ = ["KEEP", "REMEMBER", "CoalesceTable", "Finished", "Hold", "KeyState", "Verdict"]
 
@@ -99,7 +100,7 @@ RUN = Verdict("run")
 class CoalesceTable:
     """The holds of every key, in one process (times on *clock*, in seconds)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = wall) -> None:
         self.clock = clock
         self.keys: dict[Hashable, KeyState] = {}
 

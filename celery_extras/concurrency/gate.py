@@ -22,7 +22,6 @@ slots back when their leases run out.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,6 +32,7 @@ from .. import compat
 from ..admission.gate import QUEUED, RUN, Answer, Gate, Ticket
 from ..admission.notices import ALL, ReleaseNotices
 from ..admission.spec import call_key
+from ..clock import monotonic
 from ..signals import task_concurrency_limited
 from ..store.client import redis_client, store_key, store_url, store_user
 from .redis_slots import RedisSlots
@@ -55,7 +55,7 @@ class SlotGate(Gate):
     hears_endings = True
 
     def __init__(
-        self, app: Celery, settings: Mapping[str, Any], clock: Callable[[], float] = time.monotonic
+        self, app: Celery, settings: Mapping[str, Any], clock: Callable[[], float] = monotonic
     ) -> None:
         self.app = app
         self.clock = clock

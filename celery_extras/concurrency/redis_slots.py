@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 from collections.abc import Callable
 from typing import Any, cast
 
 from ..admission.notices import notice
 from ..admission.stored_table import StoredTable
 from ..checks import is_int
-from ..scripts import load
+from ..clock import monotonic
+from ..scripts import NOW, load, register
 from .spec import MAX_CONCURRENCY
 
 __all__ = [
@@ -53,10 +53,8 @@ HANDOVER_PATIENCE = 1.0
 #: Seconds the store trusts the run-time caps it read.
 CAP_REFRESH = 1.0
 
-#: Every script starts with the Redis server's time in ms (workers' clocks do not matter).
-_NOW = load("now_ms")
 #: Drops the holders past their lease and the dead tickets (``scripts/slots_prune.lua``).
-_PRUNE = _NOW + load("slots_prune")
+_PRUNE = NOW + load("slots_prune")
 # Each script's KEYS, ARGV and reply are documented atop its file in celery_extras/scripts/.
 #: Take a slot, or queue the worker's ticket (``scripts/slots_acquire.lua``).
 ACQUIRE_SCRIPT = _PRUNE + load("slots_acquire")
@@ -64,9 +62,9 @@ ACQUIRE_SCRIPT = _PRUNE + load("slots_acquire")
 #: (``scripts/slots_release.lua``).
 RELEASE_SCRIPT = _PRUNE + load("slots_release")
 #: Extend holders' leases (``scripts/slots_renew.lua``).
-RENEW_SCRIPT = _NOW + load("slots_renew")
+RENEW_SCRIPT = NOW + load("slots_renew")
 #: Keep a worker's ticket alive, or drop it (``scripts/slots_ticket.lua``).
-TICKET_SCRIPT = _NOW + load("slots_ticket")
+TICKET_SCRIPT = NOW + load("slots_ticket")
 
 
 def _ms(seconds: float) -> int:
@@ -84,18 +82,16 @@ def _parse_cap(name: str, raw: Any) -> int | None:
 class RedisSlots:
     """Cluster-wide concurrency slots under *prefix* in *client*'s Redis (or Redis Cluster)."""
 
-    def __init__(
-        self, client: Any, prefix: str, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, client: Any, prefix: str, clock: Callable[[], float] = monotonic) -> None:
         self.client = client
         self.prefix = prefix
         self.clock = clock
         self.caps_key = f"{prefix}:concurrency"
         self.channel = f"{prefix}:concurrency:released"
-        self._acquire = client.register_script(ACQUIRE_SCRIPT)
-        self._release = client.register_script(RELEASE_SCRIPT)
-        self._renew = client.register_script(RENEW_SCRIPT)
-        self._ticket = client.register_script(TICKET_SCRIPT)
+        self._acquire = register(client, ACQUIRE_SCRIPT)
+        self._release = register(client, RELEASE_SCRIPT)
+        self._renew = register(client, RENEW_SCRIPT)
+        self._ticket = register(client, TICKET_SCRIPT)
         self._caps = StoredTable(client, self.caps_key, _parse_cap, CAP_REFRESH, clock)
 
     def keys(self, name: str, key: str = "") -> list[str]:

@@ -11,10 +11,11 @@ memory at all, so 10,000 idle keys cost nothing.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
+
+from ..clock import monotonic
 
 __all__ = ["Bucket", "SlotTable", "WaitQueues"]
 
@@ -27,7 +28,7 @@ T = TypeVar("T")
 class SlotTable:
     """Holders with leases, per bucket, in one process."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = monotonic) -> None:
         self.clock = clock
         self._held: dict[Bucket, dict[Hashable, float]] = {}  # bucket -> {holder: expiry}
 

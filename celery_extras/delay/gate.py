@@ -15,7 +15,6 @@ unacked. The mover thread, which publishes the parked entries, is in
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +23,8 @@ from celery import Celery
 from celery.utils.time import maybe_iso8601
 
 from ..admission.waits import TimerHolds
+from ..clock import monotonic
+from ..clock import wall as clock_wall
 from .entry import CLAIM_HEADER, PARKED_HEADER
 from .parking import STORE_ERRORS, Parker
 from .store import Take
@@ -60,8 +61,8 @@ class ArrivalGate:
         eta_store: bool,
         eta_threshold: float,
         store_retry: float,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], float] = monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.fromtimestamp(clock_wall(), UTC),
     ) -> None:
         self.app = app
         self.parker = parker

@@ -8,10 +8,10 @@ the unit tests. No Celery import.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..clock import monotonic
 from .entry import Entry
 from .store import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
 
@@ -41,7 +41,7 @@ class MemoryDelayStore:
     """The rules above in one process's memory, on *clock* (seconds)."""
 
     def __init__(
-        self, clock: Callable[[], float] = time.monotonic, tombstone_ttl: float = 86400.0
+        self, clock: Callable[[], float] = monotonic, tombstone_ttl: float = 86400.0
     ) -> None:
         self.clock = clock
         self.tombstone_ttl = tombstone_ttl

@@ -14,7 +14,6 @@ cost every task the wait.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ import redis
 from celery import Celery
 from kombu.entity import Exchange, Queue
 
+from ..clock import monotonic
 from ..settings import settings_of
 from ..signals import task_parked
 from ..store.client import (
@@ -106,7 +106,7 @@ class Parker:
         self,
         app: Celery,
         tombstone_ttl: float = 86400.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = monotonic,
     ) -> None:
         self.app = app
         self.tombstone_ttl = tombstone_ttl
@@ -210,7 +210,7 @@ class Parker:
         ``False`` (logged once per outage) when the store cannot take it: the caller
         keeps the message.
         """
-        start = time.monotonic()
+        start = monotonic()
         if not self.health.up():  # the store failed a moment ago: keep the message, at once
             self.counts["park_errors"] += 1
             return False
@@ -247,6 +247,6 @@ class Parker:
             logger.warning("celery-extras: a replica acknowledges parks again")
         if new:
             self.counts["parked"] += 1
-            due = max(0.0, delay - (time.monotonic() - start))
+            due = max(0.0, delay - (monotonic() - start))
             task_parked.send(sender=entry.task, request=request, due=due)
         return True

@@ -35,7 +35,7 @@ from typing import Any, cast
 import redis
 from redis.exceptions import NoScriptError, RedisClusterException
 
-from ..scripts import load
+from ..scripts import NOW, load, register
 from ..store.client import LazyCluster, StoreClient
 from .entry import Entry
 from .store import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
@@ -44,17 +44,16 @@ __all__ = ["ParkNotReplicated", "RedisDelayStore", "delay_keys"]
 
 # Each script's KEYS, ARGV and reply are documented atop its file in celery_extras/scripts/.
 #: Every timed script starts with the Redis server's time in ms (``scripts/now_ms.lua``).
-_NOW = load("now_ms")
 #: Store an entry unless known (``scripts/delay_park.lua``).
-PARK = _NOW + load("delay_park")
+PARK = NOW + load("delay_park")
 #: Claim the entries due within a lead, and prune old tombstones (``scripts/delay_claim.lua``).
 #: This and the next two run through :class:`_DrainingScript` (the ``allow-oom`` flag line
 #: goes first, before this text).
-CLAIM = _NOW + load("delay_claim")
+CLAIM = NOW + load("delay_claim")
 #: Put a claimed entry back for a re-check (``scripts/delay_release.lua``).
-RELEASE = _NOW + load("delay_release")
+RELEASE = NOW + load("delay_release")
 #: Take an entry with a claim token, once (``scripts/delay_take.lua``).
-TAKE = _NOW + load("delay_take")
+TAKE = NOW + load("delay_take")
 
 
 #: The flag of the scripts that must run on a store at its ``maxmemory`` (Redis >= 7).
@@ -68,7 +67,7 @@ class _DrainingScript:
     def __init__(self, client: StoreClient, body: str) -> None:
         self._client = client
         self._body = body
-        self._script = client.register_script(ALLOW_OOM + body)
+        self._script = register(client, ALLOW_OOM + body)
         self._flagged = True
 
     def __call__(self, keys: list[str], args: list[Any]) -> Any:
@@ -78,7 +77,7 @@ class _DrainingScript:
             if not (self._flagged and "compiling script" in str(exc).lower()):
                 raise
             self._flagged = False
-            self._script = self._client.register_script(self._body)
+            self._script = register(self._client, self._body)
             return self._script(keys=keys, args=args)
 
 
@@ -94,7 +93,7 @@ DISCARD = load("delay_discard")
 
 
 #: Make a parked entry due now (``scripts/delay_hurry.lua``).
-HURRY = _NOW + load("delay_hurry")
+HURRY = NOW + load("delay_hurry")
 
 
 #: Take back a park no replica acknowledged, unless claimed or taken meanwhile
@@ -124,13 +123,13 @@ class RedisDelayStore:
         #: replicas that must acknowledge a park (``WAIT``) before it counts; 0: no ``WAIT``
         self.replicas = replicas
         self.replica_wait = replica_wait
-        self._park = client.register_script(PARK)
-        self._withdraw = client.register_script(WITHDRAW)
+        self._park = register(client, PARK)
+        self._withdraw = register(client, WITHDRAW)
         self._claim = _DrainingScript(client, CLAIM)
         self._release = _DrainingScript(client, RELEASE)
         self._take = _DrainingScript(client, TAKE)
-        self._discard = client.register_script(DISCARD)
-        self._hurry = client.register_script(HURRY)
+        self._discard = register(client, DISCARD)
+        self._hurry = register(client, HURRY)
 
     @property
     def _all(self) -> list[str]:
@@ -165,7 +164,8 @@ class RedisDelayStore:
         for attempt in (1, 2):
             try:
                 pipe = client.pipeline(transaction=False)
-                pipe.execute_command("EVALSHA", self._park.sha, len(keys), *keys, *args)
+                pipe.execute_command("EVALSHA", self._park.sha, len(keys), *keys,
+                                     *self._park.args(args))  # fmt: skip
                 if cluster:
                     pipe.execute_command(*wait, target_nodes=client.get_node_from_key(keys[0]))
                 else:

@@ -23,7 +23,6 @@ a shadow limit that would have held it, with :data:`~celery_extras.signals.task_
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 from celery import Celery
 
 from ..admission.gate import RUN, Answer, Gate, Hold, Refuse, Ticket
+from ..clock import monotonic
 from ..signals import task_rate_limited, task_shadow_limited
 from ..store.client import redis_client, store_key, store_user
 from .planner import LimitPlanner
@@ -66,7 +66,7 @@ class LimitGate(Gate):
     label = "limit"
 
     def __init__(
-        self, app: Celery, settings: Mapping[str, Any], clock: Callable[[], float] = time.monotonic
+        self, app: Celery, settings: Mapping[str, Any], clock: Callable[[], float] = monotonic
     ) -> None:
         self.app = app
         self.planner = planner = LimitPlanner(

@@ -12,7 +12,6 @@ admission pipeline is :mod:`.gate`.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -20,6 +19,7 @@ from typing import Any, Literal
 from ..admission.spec import call_key
 from ..bounds import MAX_WAIT, shown
 from ..checks import is_int
+from ..clock import monotonic
 from ..store.health import StoreHealth, StoreUser, store_text
 from .rate import format_rate, parse_burst, parse_rate
 from .redis_bucket import GlobalTokenBucket, Override, Take, override_field
@@ -103,7 +103,7 @@ class LimitPlanner:
         self,
         settings: Mapping[str, Any],
         global_bucket: Callable[[], GlobalTokenBucket],
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = monotonic,
         store: StoreUser | None = None,
     ) -> None:
         self.clock = clock

@@ -28,14 +28,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from ..admission.stored_table import StoredTable
 from ..bounds import MAX_WAIT, shown
-from ..scripts import load
+from ..clock import monotonic
+from ..scripts import NOW, load, register
 from .rate import check_rate, parse_burst
 
 __all__ = [
@@ -57,7 +57,7 @@ MAX_FLOORS = 4096
 
 #: Admit one call under all its global limits, GCRA on the server's clock; KEYS, ARGV and
 #: reply are documented atop ``scripts/bucket_acquire.lua``.
-ACQUIRE_SCRIPT = load("bucket_acquire")
+ACQUIRE_SCRIPT = NOW + load("bucket_acquire")
 
 
 def override_field(limit: str, key: str = "") -> str:
@@ -127,14 +127,12 @@ class Override:
 class GlobalTokenBucket:
     """Cluster-wide token buckets under *prefix* in *client*'s Redis (or Redis Cluster)."""
 
-    def __init__(
-        self, client: Any, prefix: str, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, client: Any, prefix: str, clock: Callable[[], float] = monotonic) -> None:
         self.client = client
         self.prefix = prefix
         self.clock = clock
         self.overrides_key = f"{prefix}:limits"
-        self._acquire = client.register_script(ACQUIRE_SCRIPT)
+        self._acquire = register(client, ACQUIRE_SCRIPT)
         self._overrides = StoredTable(
             client, self.overrides_key, self._parse_override, OVERRIDE_REFRESH, clock
         )

@@ -15,8 +15,9 @@ nanoseconds after weeks (at one year, a burst of 100 tokens at 10/s made the
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
+
+from ..clock import monotonic
 
 __all__ = ["TokenBucket"]
 
@@ -29,9 +30,7 @@ class TokenBucket:
 
     __slots__ = ("_interval_ns", "_origin", "_tat", "burst", "clock", "interval", "rate")
 
-    def __init__(
-        self, rate: float, burst: int = 1, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, rate: float, burst: int = 1, clock: Callable[[], float] = monotonic) -> None:
         self.clock = clock
         self._origin = clock()
         self._tat = _NEVER  # theoretical arrival time of the next token, ns since _origin

@@ -10,11 +10,11 @@ lost. Runs in the pool process that ran the task.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from kombu.serialization import dumps
 
+from ..clock import monotonic
 from ..delay.parking import Parker
 
 __all__ = ["ParkingProducer"]
@@ -30,7 +30,7 @@ class ParkingProducer:
         self._parker = parker
         self._task = task
         self._delay = delay
-        self._start = time.monotonic()
+        self._start = monotonic()
         self.parked = False
 
     def __getattr__(self, attr: str) -> Any:
@@ -51,7 +51,7 @@ class ParkingProducer:
             exchange=str(kwargs.get("exchange") or ""),
             routing_key=str(kwargs.get("routing_key") or ""),
         )
-        delay = max(0.0, self._delay - (time.monotonic() - self._start))
+        delay = max(0.0, self._delay - (monotonic() - self._start))
         if self._parker.park(eid, entry, delay):
             self.parked = True
             return None

@@ -17,12 +17,12 @@ from __future__ import annotations
 import copy
 import math
 import random
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Literal
 
 from ..checks import is_int, is_number
+from ..clock import monotonic
 from ..limits.rate import parse_rate
 from ..limits.token_bucket import TokenBucket
 from .failure_memory import Counts, CountsFactory, MemoryCounts
@@ -262,7 +262,7 @@ class BucketPolicy(RetryPolicy):
     """
 
     def __init__(
-        self, rate: float | str, burst: int = 1, clock: Callable[[], float] = time.monotonic
+        self, rate: float | str, burst: int = 1, clock: Callable[[], float] = monotonic
     ) -> None:
         self.rate_arg = rate
         self.burst = burst

@@ -1,4 +1,4 @@
--- Admit one task under all its global limits at once (GCRA on the server's clock, in us).
+-- Admit one task under all its global limits at once (GCRA on the store's clock, in us).
 -- KEYS: its buckets, the enforcing ones first, then its shadow ones.
 -- ARGV: longest wait, wait floor (what the task's worker-scope limits ask), count of
 -- enforcing buckets; then per bucket: interval, burst, tokens, floor (the caller's last
@@ -14,8 +14,7 @@
 -- again), so a bucket is never booked further ahead than that: a stored time beyond it is
 -- garbage and read as "now".
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = now_us  -- this script counts in us (now_us: the now_ms.lua prefix)
 local max_wait = tonumber(ARGV[1])
 local wait = tonumber(ARGV[2])
 local enforcing = tonumber(ARGV[3])

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..clock import monotonic
 from .histogram import SCALE, Histogram
 from .timewheel import Bucket, Clock, TimeWheel, minute_wheel
 
@@ -97,7 +97,7 @@ class Recorder:
 
     def __init__(
         self,
-        clock: Clock = time.monotonic,
+        clock: Clock = monotonic,
         max_tasks: int = 1000,
         wheel: Callable[[int, Clock], TimeWheel] = minute_wheel,
     ) -> None:

@@ -20,10 +20,10 @@ folded into it, so nothing is counted twice.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..clock import monotonic
 from .histogram import Histogram
 
 __all__ = ["Bucket", "Summary", "TimeWheel", "minute_wheel"]
@@ -91,7 +91,7 @@ class TimeWheel:
         width: float = 1.0,
         span: int = 60,
         spare: int = 4,
-        clock: Clock = time.monotonic,
+        clock: Clock = monotonic,
         coarse: TimeWheel | None = None,
     ) -> None:
         if counters < 1 or width <= 0 or span < 1 or spare < 1:
@@ -249,7 +249,7 @@ class TimeWheel:
         return wheel
 
 
-def minute_wheel(counters: int, clock: Clock = time.monotonic) -> TimeWheel:
+def minute_wheel(counters: int, clock: Clock = monotonic) -> TimeWheel:
     """The default pair: 60 x 1 s buckets (4 spare) feeding 60 x 1 min buckets (2 spare)."""
     coarse = TimeWheel(counters, width=60.0, span=60, spare=2, clock=clock)
     return TimeWheel(counters, width=1.0, span=60, spare=4, clock=clock, coarse=coarse)

@@ -44,6 +44,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from .. import clock as clocks
 from ..settings import KEY_PREFIX, REDIS_OPTIONS, REDIS_URL, STORE_ALLOW_EVICTION, settings_of
 from .health import StoreHealth, StoreUnavailable, StoreUser
 from .safety import REFRESH, StoreSafety
@@ -408,8 +409,8 @@ def store_user(
     clock: Callable[[], float] = time.monotonic,
 ) -> StoreUser:
     """*what*'s view of the app's :func:`store_health` (on another *clock*, a test's, a
-    health of its own)."""
-    if clock is time.monotonic:
+    health of its own). Outages are timed in real time, simulated or not."""
+    if clock in (time.monotonic, clocks.monotonic):
         health = store_health(app)
     else:
         health = StoreHealth(float(settings_of(app).get("limit_store_retry", 1.0)), clock)

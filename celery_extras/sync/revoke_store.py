@@ -35,7 +35,7 @@ from typing import Any
 
 import redis
 
-from ..scripts import load
+from ..scripts import load, register
 from .digest import Version
 from .entries import (
     Parsed,
@@ -104,9 +104,9 @@ class RevokeStore:
         self.max_entries = max_entries
         self.shard_max = max(1, math.ceil(max_entries / SHARDS))
         self.wall_clock = wall_clock
-        self._write = client.register_script(_WRITE)
-        self._probe = client.register_script(_PROBE)
-        self._pull = client.register_script(_PULL)
+        self._write = register(client, _WRITE)
+        self._probe = register(client, _PROBE)
+        self._pull = register(client, _PULL)
 
     def _argv(self, clock: int) -> list[Any]:
         return [repr(self.wall_clock()), self.shard_max, int(clock), uuid.uuid4().hex]

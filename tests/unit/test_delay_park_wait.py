@@ -29,7 +29,7 @@ class FakeScript:
     def __init__(self, client: FakeClient, text: str) -> None:
         self.client, self.text, self.sha = client, text, f"sha-{len(text)}"
 
-    def __call__(self, keys: list[str], args: list[Any]) -> Any:
+    def __call__(self, keys: list[str], args: list[Any], client: Any = None) -> Any:
         self.client.calls.append((self.text, list(args)))
         return self.client.replies[self.text].pop(0)
 
@@ -107,7 +107,7 @@ def test_a_park_a_replica_acknowledged_counts_after_one_round_trip() -> None:
     assert store.park("e1", make_entry(), 5.0) is False  # known, and acknowledged: it stands
     (evalsha, wait) = client.pipelines[0]
     assert evalsha[:3] == ("EVALSHA", store._park.sha, 3) and evalsha[3:6] == tuple(store._all[:3])
-    assert evalsha[6:8] == ("e1", 5000)
+    assert evalsha[6:9] == ("", "e1", 5000)  # the time first: "" is the server's own
     assert wait == ("WAIT", 1, 250)
     assert client.calls == []  # nothing withdrawn
 
