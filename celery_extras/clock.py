@@ -39,7 +39,7 @@ def wall() -> float:
 def store_time() -> str:
     """The time a store script is told: ``""`` (the server's ``TIME``: workers' clocks do
     not matter), or the simulated wall time in whole microseconds."""
-    return "" if _source is None else str(int(_source.wall() * 1_000_000))
+    return "" if _source is None else str(round(_source.wall() * 1_000_000))
 
 
 def simulated() -> bool:

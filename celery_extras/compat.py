@@ -61,6 +61,7 @@ __all__ = [
     "task_reserved",
     "track_held",
     "transport_channels",
+    "unacked_messages",
     "widen_prefetch",
     "worker_revoked",
     "worker_revoked_stamps",
@@ -211,6 +212,11 @@ def _transport_channels(cls: Any) -> bool:
         connection.release()
 
 
+def _virtual_qos(cls: Any) -> bool:
+    qos = cls(None)
+    return isinstance(qos._delivered, dict) and isinstance(qos._dirty, set)
+
+
 def _receive(obj: Any) -> bool:
     from celery.events.receiver import EventReceiver
 
@@ -309,6 +315,10 @@ PRIVATE: tuple[Private, ...] = (
     Private("kombu.transport.virtual", "Transport", _transport_channels,
             "Transport().channels, the list of open channels",
             "Redis close guard: acks on a lost connection dropped", probe=True),
+    Private("kombu.transport.virtual", "QoS", _virtual_qos,
+            "QoS()._delivered (dict) and _dirty (set): messages delivered, and acked of them",
+            "testing plugin: a worker with a message unacked is not settled",
+            fallback="the plugin's settle sees only queues and requests", probe=True),
     Private("kombu.connection", "Connection.collect", _callable(),
             "Connection.collect()", "Redis close guard: wraps the close of a lost connection"),
     Private("kombu.connection", "Connection.release", _callable(),
@@ -378,6 +388,17 @@ def worker_revoked_stamps() -> dict[str, Any]:
     """The worker's revoked stamps ``{header: value or [values]}``."""
     stamps: dict[str, Any] = _state.revoked_stamps
     return stamps
+
+
+def unacked_messages(consumer: Any) -> int:
+    """Messages the consumer's channel delivered and has not acked (0 on a transport that
+    does not count them here, as py-amqp's)."""
+    channel = getattr(getattr(consumer, "task_consumer", None), "channel", None)
+    qos = getattr(channel, "qos", None)
+    delivered, dirty = getattr(qos, "_delivered", None), getattr(qos, "_dirty", None)
+    if not isinstance(delivered, dict) or not isinstance(dirty, set):
+        return 0
+    return max(0, len(delivered) - len(dirty))
 
 
 def reserved_requests() -> Any:

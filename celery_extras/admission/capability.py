@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery, bootsteps
-from celery.signals import before_task_publish
+from celery.signals import before_task_publish, task_prerun
 
 from ..capability import Capability
 from ..coalesce.gate import CoalesceGate
@@ -16,6 +16,7 @@ from ..limits.gate import LimitGate
 from ..settings import Setting, boolean, choice, number, settings_of
 from ..store.client import StoreStep
 from .decorators import track_app
+from .eager import warn_eager
 from .gate import GateFactory
 from .pipeline import PIPELINE_ATTR, Pipeline
 
@@ -67,6 +68,7 @@ def _connect(app: Celery) -> None:
 
     track_app(app)
     before_task_publish.connect(stamp_sent, weak=False, dispatch_uid="celery_extras.coalesce")
+    task_prerun.connect(warn_eager, weak=False, dispatch_uid="celery_extras.eager")
 
 
 POLICIES = Capability(

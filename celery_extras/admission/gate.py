@@ -115,6 +115,10 @@ class Gate:
     #: the clock of the gate's answers (:attr:`Hold.due`)
     clock: Callable[[], float] = staticmethod(monotonic)
 
+    def queued(self) -> int:
+        """Requests this gate keeps waiting (:data:`QUEUED`), unacked."""
+        return 0
+
     def handles(self, name: str) -> bool:
         """Whether tasks of *name* pass this gate."""
         raise NotImplementedError

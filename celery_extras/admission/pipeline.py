@@ -219,6 +219,10 @@ class Pipeline:
             if gate.hears_endings:
                 gate.finished(ticket)
 
+    def waiting(self) -> int:
+        """Requests waiting here, unacked: held in the timer or queued in a gate."""
+        return len(self.holds) + sum(gate.queued() for gate in self.gates)
+
     def tick(self) -> None:
         """Find requests Celery forgot without an ending the hook heard, then let each
         gate do its periodic work (lease renewals)."""

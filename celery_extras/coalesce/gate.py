@@ -320,6 +320,9 @@ class CoalesceGate(Gate):
                 self.wake(bucket)
         self._park_long_waits(now)
 
+    def queued(self) -> int:
+        return sum(len(waits) for waits in self.waiting.values())
+
     def info(self) -> dict[str, Any]:
         tasks = {name: {**spec.describe(), "running": 0, "waiting": 0}
                  for name, spec in self.specs.items()}  # fmt: skip

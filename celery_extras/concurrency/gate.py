@@ -254,6 +254,9 @@ class SlotGate(Gate):
                 )  # fmt: skip
         self.store.keep_tickets(self.queues.waiting)
 
+    def queued(self) -> int:
+        return len(self.queues)
+
     def info(self) -> dict[str, Any]:
         tasks: dict[str, dict[str, Any]] = {}
         for name, spec in self.specs.items():

@@ -124,6 +124,7 @@ class ArrivalGate:
                 ack(logger, consumer.connection_errors)
                 return True
             if verdict == "run":
+                self._passed_eta_dropped(message)
                 return False
         if self.eta_store and headers.get("eta"):
             return self._park_eta(consumer, name, message, ack)
@@ -154,6 +155,16 @@ class ArrivalGate:
                 self.slots.clear()
             self.slots[task_id] = (self.clock() + taken.due_in, limit)
         return "run"
+
+    def _passed_eta_dropped(self, message: Any) -> None:
+        """A released task whose ETA has passed on celery-extras' clock runs now: its ETA is
+        dropped, so Celery's timer does not hold it until the ETA on its own clock (the same
+        moment in real time; under simulated time the ETA may be ahead of the real clock)."""
+        eta = message.headers.get("eta")
+        if eta:
+            due_in = _seconds_until(eta, self.wall())
+            if due_in is not None and due_in <= 0:
+                message.headers["eta"] = None
 
     def _unverified(self, name: str, why: str) -> None:
         self.counts["unverified"] += 1

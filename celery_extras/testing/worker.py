@@ -1,0 +1,180 @@
+"""An in-process worker as simulated time sees it: its parked waits, and when it is quiet.
+
+:class:`SettlingWorker` is what :class:`~.clock.SimulatedClock` attaches: it reads the
+earliest due time of the app's delay store, releases what is due through a mover of its
+own (the worker's mover thread may release it too: a claim goes to one of them), and
+settles: what it released was taken by the worker, the worker's queues are empty, no
+message is unacked but those waiting in its gates, no request is reserved or running, and
+still so after two rounds of the worker's event loop (:class:`LoopProbe`: a message the
+broker handed over but the worker has not read yet is read in them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Any
+
+from celery import Celery
+from celery.worker import state
+from kombu.transport.virtual import Channel
+
+from .. import compat
+from ..admission.pipeline import PIPELINE_ATTR
+from ..delay.mover import Mover
+from ..delay.mover_thread import publish_entry
+from ..delay.parking import Parker
+from ..delay.redis_store import delay_keys
+from ..settings import settings_of
+from ..store.client import redis_client, store_key
+
+__all__ = ["LoopProbe", "SettlingWorker"]
+
+#: Pause between two looks at a busy worker.
+_LOOK_EVERY = 0.002
+#: Without an event loop (a broker without one, as ``memory://``): looks in a row that must
+#: find the worker quiet, and the pause between two.
+_QUIET_LOOKS, _QUIET_EVERY = 10, 0.005
+
+
+class LoopProbe:
+    """Counts rounds of a kombu event loop (``Hub``) woken through a pipe of its own.
+
+    A round woken after a message reached the worker's socket handles that message in the
+    same poll, or before the next round: after two rounds, nothing handed over is unread.
+    """
+
+    def __init__(self, hub: Any) -> None:
+        self.hub = hub
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        self._rounds = 0
+        self._woken = threading.Condition()
+        hub.add_reader(self._read, self._wake)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._read, 4096)
+        with self._woken:
+            self._rounds += 1
+            self._woken.notify_all()
+
+    def rounds(self, n: int, timeout: float) -> bool:
+        """Wake the loop *n* times, one after another; ``False`` if a round did not come."""
+        for _ in range(n):
+            with self._woken:
+                target = self._rounds + 1
+                os.write(self._write, b".")
+                if not self._woken.wait_for(lambda t=target: self._rounds >= t, timeout):
+                    return False
+        return True
+
+    def close(self) -> None:
+        try:
+            self.hub.remove_reader(self._read)
+        finally:
+            os.close(self._read)
+            os.close(self._write)
+
+
+class SettlingWorker:
+    """*controller* (Celery's in-process ``WorkController``) of *app*, driven by a test."""
+
+    def __init__(self, app: Celery, controller: Any, settle_timeout: float = 30.0) -> None:
+        self.app = app
+        self.controller = controller
+        self.settle_timeout = settle_timeout
+        settings = settings_of(app)
+        self.parker = Parker(app, settings["delay_tombstone_ttl"])
+        self.mover = Mover(
+            self.parker.store,
+            lambda entry, claim: publish_entry(app, entry, claim),
+            lead=0.0,
+            lease=settings["delay_lease"],
+            recheck=settings["delay_recheck"],
+            batch=settings["delay_batch"],
+            on_released=lambda entry, claim: self._released.append(claim.entry_id),
+        )
+        self._released: list[str] = []
+        keys = delay_keys(store_key(app))
+        self._due_key, self._taken_key = keys["due"], keys["taken"]
+        self._connection = app.connection_for_write()
+        hub = getattr(controller, "hub", None)
+        self._probe = LoopProbe(hub) if hub is not None else None
+
+    def next_due(self) -> float | None:
+        first = redis_client(self.app).zrange(self._due_key, 0, 0, withscores=True)
+        return float(first[0][1]) / 1000.0 if first else None
+
+    def release_due(self) -> None:
+        while self.mover.run_once() == 0.0:  # a full batch: more may be due
+            pass
+
+    def settle(self) -> None:
+        deadline = time.monotonic() + self.settle_timeout
+        quiet = 0
+        while True:
+            busy = self._busy()
+            if busy:
+                quiet = 0
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"the worker was still busy after {self.settle_timeout:g} s "
+                        f"({busy}): a task that does not end, or a queue it does not consume?"
+                    )
+                time.sleep(_LOOK_EVERY)
+            elif self._probe is not None:
+                if self._probe.rounds(2, max(0.0, deadline - time.monotonic())) and not (
+                    self._busy()
+                ):
+                    return
+            else:
+                quiet += 1
+                if quiet >= _QUIET_LOOKS:
+                    return
+                time.sleep(_QUIET_EVERY)
+
+    def _busy(self) -> str:
+        """What keeps the worker busy now, or ``""``."""
+        client = redis_client(self.app)
+        if self._released:
+            taken = client.zmscore(self._taken_key, self._released)
+            self._released = [e for e, score in zip(self._released, taken, strict=True)
+                              if score is None]  # fmt: skip
+            if self._released:
+                return f"{len(self._released)} released task(s) not taken yet"
+        if state.active_requests:
+            return f"{len(state.active_requests)} task(s) running"
+        if state.reserved_requests:
+            return f"{len(state.reserved_requests)} task(s) reserved"
+        for name in self._queues():
+            waiting = self._waiting_in(name)
+            if waiting:
+                return f"{waiting} message(s) in {name}"
+        consumer = self.controller.consumer
+        pipeline = getattr(consumer, PIPELINE_ATTR, None)
+        unacked = compat.unacked_messages(consumer) - (pipeline.waiting() if pipeline else 0)
+        if unacked > 0:
+            return f"{unacked} message(s) on their way in"
+        return ""
+
+    def _waiting_in(self, queue: str) -> int:
+        """Messages in *queue*: a virtual transport (Redis, memory) is asked with a plain
+        declare (its passive one misses the ``global_keyprefix``), others passively."""
+        channel = self._connection.default_channel
+        try:
+            declared = channel.queue_declare(queue, passive=not isinstance(channel, Channel))
+        except Exception:  # not declared yet: nothing in it
+            return 0
+        return int(declared.message_count)
+
+    def _queues(self) -> list[str]:
+        task_consumer = getattr(self.controller.consumer, "task_consumer", None)
+        return [q.name for q in getattr(task_consumer, "queues", [])]
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+        self._connection.release()
