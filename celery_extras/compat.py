@@ -51,6 +51,7 @@ __all__ = [
     "limited_set_newest",
     "missing",
     "narrow_prefetch",
+    "on_strategies_rebuilt",
     "pool_poll_start",
     "promise_proxy_parts",
     "replace_connection_close",
@@ -58,6 +59,7 @@ __all__ = [
     "reserved_requests",
     "revoked_or_cancelled",
     "shared_task_parts",
+    "stop_pool_threads",
     "task_reserved",
     "track_held",
     "transport_channels",
@@ -212,6 +214,16 @@ def _transport_channels(cls: Any) -> bool:
         connection.release()
 
 
+def _thread_pool_executor(cls: Any) -> bool:
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = cls(1)
+    try:
+        return isinstance(pool.executor, ThreadPoolExecutor)
+    finally:
+        pool.executor.shutdown()
+
+
 def _virtual_qos(cls: Any) -> bool:
     qos = cls(None)
     return isinstance(qos._delivered, dict) and isinstance(qos._dirty, set)
@@ -315,6 +327,13 @@ PRIVATE: tuple[Private, ...] = (
     Private("kombu.transport.virtual", "Transport", _transport_channels,
             "Transport().channels, the list of open channels",
             "Redis close guard: acks on a lost connection dropped", probe=True),
+    Private("celery.worker.consumer.consumer", "Consumer.update_strategies", _callable(),
+            "update_strategies(), building consumer.strategies anew",
+            "delay gate, stats: a reload's new strategies wrapped again"),
+    Private("celery.concurrency.thread", "TaskPool", _thread_pool_executor,
+            "TaskPool().executor, a ThreadPoolExecutor (shut down on stop, not on terminate)",
+            "testing plugin: a terminated in-process worker's threads stopped",
+            fallback="the threads of a terminated thread pool are left running", probe=True),
     Private("kombu.transport.virtual", "QoS", _virtual_qos,
             "QoS()._delivered (dict) and _dirty (set): messages delivered, and acked of them",
             "testing plugin: a worker with a message unacked is not settled",
@@ -388,6 +407,36 @@ def worker_revoked_stamps() -> dict[str, Any]:
     """The worker's revoked stamps ``{header: value or [values]}``."""
     stamps: dict[str, Any] = _state.revoked_stamps
     return stamps
+
+
+def on_strategies_rebuilt(consumer: Any, callback: Callable[[Any], None], on: bool = True) -> None:
+    """Call ``callback(consumer)`` each time the consumer builds its strategies anew while it
+    runs (``Consumer.update_strategies``, which ``WorkController.reload()`` calls: the way
+    Celery's test workers learn a task defined in a test); *on* ``False`` stops that."""
+    callbacks: list[Callable[[Any], None]] | None = consumer.__dict__.get("_extras_rebuilt")
+    if callbacks is None:
+        callbacks = consumer._extras_rebuilt = []
+        original = consumer.update_strategies
+
+        def update_strategies(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            for each in list(callbacks):
+                each(consumer)
+            return result
+
+        consumer.update_strategies = update_strategies
+    if on and callback not in callbacks:
+        callbacks.append(callback)
+    elif not on and callback in callbacks:
+        callbacks.remove(callback)
+
+
+def stop_pool_threads(pool: Any) -> None:
+    """Stop the threads of Celery's thread pool, which a terminate (the in-process test
+    worker's end) leaves running; nothing for other pools."""
+    executor = getattr(pool, "executor", None)
+    if executor is not None and hasattr(executor, "shutdown"):
+        executor.shutdown(wait=True, cancel_futures=True)
 
 
 def unacked_messages(consumer: Any) -> int:

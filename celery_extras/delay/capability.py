@@ -8,6 +8,7 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.worker.consumer.tasks import Tasks
 
+from .. import compat
 from ..admission.registry import policies_of
 from ..capability import Capability
 from ..settings import Setting, boolean, integer, number, optional, settings_of
@@ -151,11 +152,17 @@ class DelayGateStep(bootsteps.StartStopStep):
     def start(self, c: Any) -> None:
         if self.gate is None:
             return
+        self._wrap(c)
+        compat.on_strategies_rebuilt(c, self._wrap)
+
+    def _wrap(self, c: Any) -> None:
+        assert self.gate is not None
         for name, strategy in list(c.strategies.items()):
             c.strategies[name] = self.gate.wrap(c, name, strategy)
 
     def stop(self, c: Any) -> None:
         if self.gate is not None:
+            compat.on_strategies_rebuilt(c, self._wrap, on=False)
             self.gate.stop()
 
     shutdown = stop

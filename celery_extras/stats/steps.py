@@ -27,6 +27,7 @@ from celery import Celery, bootsteps, signals
 from celery.concurrency.thread import TaskPool as ThreadPool
 from celery.worker.consumer.tasks import Tasks
 
+from .. import compat
 from ..admission.request_hook import request_hook
 from ..settings import settings_of
 from ..signals import (
@@ -186,6 +187,10 @@ class TaskCounting(bootsteps.StartStopStep):
         hook.wrap(c)
 
     def start(self, c: Any) -> None:
+        self._wrap(c)
+        compat.on_strategies_rebuilt(c, self._wrap)
+
+    def _wrap(self, c: Any) -> None:
         assert self.recorder is not None
         request_hook(c).forget()  # the request classes of the strategies Celery replaced
         self._strategies = dict(c.strategies)
@@ -193,6 +198,7 @@ class TaskCounting(bootsteps.StartStopStep):
             c.strategies[name] = counting_strategy(name, strategy, self.recorder)
 
     def stop(self, c: Any) -> None:
+        compat.on_strategies_rebuilt(c, self._wrap, on=False)
         c.strategies.update(self._strategies)
         self._strategies = {}
 

@@ -28,6 +28,7 @@ from celery.contrib.testing.worker import start_worker
 import celery_extras
 
 from .. import clock as clocks
+from .. import compat
 from .clock import SimulatedClock
 from .embedded import EmbeddedRedis
 from .worker import SettlingWorker
@@ -127,7 +128,8 @@ def extras_app(
     celery_config: dict[str, Any],
     extras_store: ExtrasStore,
 ) -> Celery:
-    """``celery_app`` with celery-extras installed on its store (and, by default, broker)."""
+    """``celery_app`` with celery-extras installed on its store (and, by default, broker),
+    current and default."""
     given = _given(request, celery_config)
     ours: dict[str, Any] = {
         "extras_redis_url": extras_store.url,
@@ -142,6 +144,10 @@ def extras_app(
         _simulated_now(celery_app, clock)
     celery_app.conf.update({k: v for k, v in ours.items() if k not in given})
     celery_extras.install(celery_app)
+    # current and default, so that @shared_task tasks are its own (celery_app restores the
+    # previous ones when the test ends)
+    celery_app.set_current()
+    celery_app.set_default()
     return celery_app
 
 
@@ -185,3 +191,4 @@ def extras_worker(
             if clock is not None:
                 clock.detach(settling)
             settling.close()
+    compat.stop_pool_threads(worker.pool)

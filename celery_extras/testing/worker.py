@@ -65,9 +65,9 @@ class LoopProbe:
         """Wake the loop *n* times, one after another; ``False`` if a round did not come."""
         for _ in range(n):
             with self._woken:
-                target = self._rounds + 1
+                before = self._rounds
                 os.write(self._write, b".")
-                if not self._woken.wait_for(lambda t=target: self._rounds >= t, timeout):
+                if not self._woken.wait_for(lambda: self._rounds > before, timeout):  # noqa: B023
                     return False
         return True
 
