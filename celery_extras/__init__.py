@@ -35,6 +35,7 @@ from .retries.policies import (
 from .settings import ExtrasSettings, Setting, settings_of
 from .stats import Histogram, TimeWheel
 from .sync import DurableRevokes, RevokeStore, cluster_revoked, record_revokes
+from .testing.clock import SimulatedClock
 
 __all__ = [
     "CAPABILITIES",
@@ -56,6 +57,7 @@ __all__ = [
     "RetryPolicy",
     "RevokeStore",
     "Setting",
+    "SimulatedClock",
     "TimeWheel",
     "TokenBucket",
     "WeightedCycle",

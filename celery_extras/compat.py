@@ -225,7 +225,9 @@ def _thread_pool_executor(cls: Any) -> bool:
 
 
 def _virtual_qos(cls: Any) -> bool:
-    qos = cls(None)
+    from types import SimpleNamespace
+
+    qos = cls(SimpleNamespace(do_restore=False))  # nothing to restore when it is collected
     return isinstance(qos._delivered, dict) and isinstance(qos._dirty, set)
 
 

@@ -34,8 +34,8 @@ def warn_eager(task: Any = None, **_: Any) -> None:
     _warned.add(task.name)
     warnings.warn(
         f"{task.name} ran eagerly (task_always_eager or apply()): its {', '.join(declared)} "
-        "do not apply there (no limit, cap or coalescing; a retry is Celery's eager retry, "
-        "run at once); test them with celery-extras' pytest fixtures extras_worker and "
+        "do not apply there (no limit, cap or coalescing; no retry: the first failure is the "
+        "task's); test them with celery-extras' pytest fixtures extras_worker and "
         "extras_clock",
         EagerPolicyWarning,
         stacklevel=2,

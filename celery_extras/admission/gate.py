@@ -98,7 +98,7 @@ class Ticket:
     notes: dict[str, Any] = field(default_factory=dict)
     #: the due time of a slot booked before the request was parked (verified on release),
     #: and the index of the limit it was booked in (``None``: every limit)
-    released_slot: tuple[float, int | None] | None = None
+    released_slot: tuple[float, int | None, frozenset[int]] | None = None
     #: ticks of the pipeline that found the running request gone from Celery's state
     unseen: int = 0
     #: how it ended: ``None``, or the seconds until its retry when it raised ``Retry``

@@ -29,10 +29,12 @@ from .entry import CLAIM_HEADER, PARKED_HEADER
 from .parking import STORE_ERRORS, Parker
 from .store import Take
 
-__all__ = ["DELAY_ATTR", "ArrivalGate"]
+__all__ = ["DELAY_ATTR", "ArrivalGate", "ReleasedSlot", "slot_of_kind"]
 
 logger = logging.getLogger(__name__)
 
+#: A released task's booked slot: its due time, its limit, the other limits it holds.
+ReleasedSlot = tuple[float, int | None, frozenset[int]]
 #: Attribute of the consumer holding its :class:`ArrivalGate`.
 DELAY_ATTR = "extras_delay"
 _MAX_SLOTS = 100_000
@@ -71,17 +73,18 @@ class ArrivalGate:
         self.store_retry = store_retry
         self.clock = clock
         self.wall = wall
-        #: task id -> due time (clock) of its booked slot, and the index of its limit
-        self.slots: dict[str, tuple[float, int | None]] = {}
+        #: task id -> due time (clock) of its booked slot, the index of its limit, and the
+        #: other limits whose token it holds
+        self.slots: dict[str, ReleasedSlot] = {}
         self.holds = TimerHolds()  # messages held while the store is away
         self.counts = {"taken": 0, "duplicates": 0, "unverified": 0, "eta_parked": 0}
         self._warned_unverified = 0.0
 
     # -- the limits read this ------------------------------------------------------------------
 
-    def pop_slot(self, task_id: str) -> tuple[float, int | None] | None:
-        """The due time (on :attr:`clock`) of the verified slot of *task_id* and the index of
-        the limit it was booked in, once."""
+    def pop_slot(self, task_id: str) -> ReleasedSlot | None:
+        """The due time (on :attr:`clock`) of the verified slot of *task_id*, the index of
+        the limit it was booked in and the limits whose token it holds besides, once."""
         return self.slots.pop(task_id, None)
 
     # -- strategies --------------------------------------------------------------------------
@@ -149,11 +152,11 @@ class ArrivalGate:
             self._unverified(name, "not in the delay store")
             return "ordinary"
         self.counts["taken"] += 1
-        limit = limit_of_kind(taken.kind)
-        if limit is not None:
+        slot = slot_of_kind(taken.kind)
+        if slot is not None:
             if len(self.slots) >= _MAX_SLOTS:
                 self.slots.clear()
-            self.slots[task_id] = (self.clock() + taken.due_in, limit)
+            self.slots[task_id] = (self.clock() + taken.due_in, *slot)
         return "run"
 
     def _passed_eta_dropped(self, message: Any) -> None:
@@ -215,12 +218,24 @@ class ArrivalGate:
                 "store": "down" if self.parker.down else "ok"}  # fmt: skip
 
 
-def limit_of_kind(kind: str) -> int | None:
-    """The limit a parked entry of *kind* booked its slot in: ``"limit"`` (the first, as
-    every entry a task with one limit parks) or ``"limit:<index>"``; ``None`` for others."""
-    if kind == "limit":
-        return 0
-    head, _, index = kind.partition(":")
-    if head == "limit" and index.isdigit() and len(index) <= 3:
-        return int(index)
-    return None
+#: Most limits a parked entry's kind may name as held (a task's limits are far fewer).
+_MOST_HELD = 32
+
+
+def slot_of_kind(kind: str) -> tuple[int, frozenset[int]] | None:
+    """The limit a parked entry of *kind* booked its slot in, and the other limits whose
+    token it holds: ``"limit"`` (the first, as every entry a task with one limit parks),
+    ``"limit:<index>"``, either followed by ``/<index>,<index>...``; ``None`` for others. A
+    malformed list of held limits holds none (they are asked again)."""
+    head, _, held_text = kind.partition("/")
+    if head == "limit":
+        index = 0
+    else:
+        name, _, number = head.partition(":")
+        if name != "limit" or not (number.isdigit() and len(number) <= 3):
+            return None
+        index = int(number)
+    held = held_text.split(",") if held_text else []
+    if len(held) > _MOST_HELD or not all(h.isdigit() and len(h) <= 3 for h in held):
+        held = []
+    return index, frozenset(int(h) for h in held) - {index}

@@ -30,6 +30,7 @@ and a park no replica acknowledged in time is withdrawn and reported as
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, cast
 
 import redis
@@ -101,6 +102,12 @@ HURRY = NOW + load("delay_hurry")
 WITHDRAW = load("delay_withdraw")
 
 
+def _whole_ms(seconds: float) -> int:
+    """*seconds* in whole ms, never short of it (a parked wait never ends early) but for a
+    float's last digits (0.1 - 0.0999... is 0, not 1 ms)."""
+    return math.ceil(seconds * 1000 - 1e-6)
+
+
 class ParkNotReplicated(redis.RedisError):
     """Fewer replicas than asked acknowledged a park within the wait; it was withdrawn."""
 
@@ -139,7 +146,7 @@ class RedisDelayStore:
     def park(self, entry_id: str, entry: Entry, delay: float) -> bool:
         """Store *entry*; ``False`` if known already. With :attr:`replicas`, only once that
         many replicas acknowledged it, else :class:`ParkNotReplicated` (entry withdrawn)."""
-        delay_ms = max(0, min(int(delay * 1000), 10 * 365 * 86400 * 1000))
+        delay_ms = max(0, min(_whole_ms(delay), 10 * 365 * 86400 * 1000))
         keys = self._all[:3]
         args: list[str | int] = [entry_id, delay_ms, json.dumps(entry.meta()), entry.dumps()]
         if self.replicas <= 0:

@@ -161,13 +161,17 @@ class LimitGate(Gate):
         """The kind of the delay-store entry a parked request gets: ``"limit"`` for a slot of
         the first limit, ``"limit:<index>"`` for another global one (the store verifies it
         when released), ``"limit:worker"`` for a wait on a worker's own bucket, in which no
-        slot is booked: released (maybe to another worker), it asks its limits again."""
+        slot is booked: released (maybe to another worker), it asks its limits again. The
+        other limits whose token it holds already (narrow ones book theirs at arrival)
+        follow a ``/``: ``"limit/1,2"``, so that they are not asked again when it returns."""
         if plan.action != "park":
             return None
         index = plan.limit or 0
         if self.planner.specs[name][index].scope == "worker":
             return "limit:worker"
-        return "limit" if index == 0 else f"limit:{index}"
+        kind = "limit" if index == 0 else f"limit:{index}"
+        held = sorted(plan.taken - {index})
+        return f"{kind}/{','.join(map(str, held))}" if held else kind
 
     def limit_label(self, name: str, index: int) -> str:
         """How the stats name the *index*-th limit of *name*: its rate, and its place (top

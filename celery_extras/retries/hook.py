@@ -195,8 +195,8 @@ def install_retry(task: Task, spec: RetrySpec) -> None:
         except (Retry, Ignore, Reject):
             raise
         except spec.on as exc:
-            if task.request.called_directly:
-                raise
+            if task.request.called_directly or task.request.is_eager:
+                raise  # eager: Celery would retry at once, recursively (no wait to keep)
             item = _item(task, spec, args, kwargs)
             if spec.max_retries is not None and task.request.retries >= spec.max_retries:
                 _forget(task, spec, item)

@@ -45,20 +45,20 @@ class SimulatedClock:
 
     def __init__(self, start: float | None = None) -> None:
         self.start = float(int(time.time())) if start is None else float(start)
-        self._elapsed = 0.0
+        self._elapsed_us = 0  # whole microseconds: steps of 0.1 s add up to 0.3 s exactly
         self._attached: list[Attached] = []
         self._lock = threading.Lock()
 
     @property
     def elapsed(self) -> float:
         """Simulated seconds since the clock was made."""
-        return self._elapsed
+        return self._elapsed_us / 1e6
 
     def wall(self) -> float:
-        return self.start + self._elapsed
+        return self.start + self._elapsed_us / 1e6
 
     def monotonic(self) -> float:
-        return _MONOTONIC_START + self._elapsed
+        return _MONOTONIC_START + self._elapsed_us / 1e6
 
     def attach(self, worker: Attached) -> None:
         self._attached.append(worker)
@@ -75,24 +75,25 @@ class SimulatedClock:
         if not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"advance({seconds!r}): expected finite seconds >= 0")
         with self._lock:
-            target = self._elapsed + seconds
+            target = self._elapsed_us + round(seconds * 1e6)
             self._settle()
             for _ in range(_MOST_STEPS):
                 due = self._next_due()
                 if due is None or due > target:
                     break
-                self._elapsed = max(self._elapsed, due)
+                self._elapsed_us = max(self._elapsed_us, due)
                 self._release()
             else:
                 raise RuntimeError(
                     f"advance({seconds:g}): more than {_MOST_STEPS} parked waits fell due "
                     "on the way (does a task park itself again at once?)"
                 )
-            self._elapsed = target
+            self._elapsed_us = target
 
-    def _next_due(self) -> float | None:
+    def _next_due(self) -> int | None:
+        """The earliest parked wait of the attached workers, in elapsed microseconds."""
         dues = [d for d in (w.next_due() for w in self._attached) if d is not None]
-        return min(dues) - self.start if dues else None
+        return round((min(dues) - self.start) * 1e6) if dues else None
 
     def _release(self) -> None:
         for worker in self._attached:

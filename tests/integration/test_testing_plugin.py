@@ -86,14 +86,22 @@ def test_eager_mode_warns_once_per_task_with_policies(tmp_path: Path) -> None:
     (tmp_path / "test_eager.py").write_text(
         "import pytest\n"
         "from celery import shared_task\n"
-        "from celery_extras import limit\n"
+        "from celery_extras import ExponentialBackoff, limit, retry_policy\n"
         "from celery_extras.admission.eager import EagerPolicyWarning\n\n"
+        "CALLS = []\n\n"
         "@limit('1/s')\n@shared_task\ndef ping(i):\n    return i\n\n"
+        "@retry_policy(on=(ConnectionError,), policy=ExponentialBackoff(2.0, 60.0))\n"
+        "@shared_task\ndef fetch(url):\n    CALLS.append(url)\n    raise ConnectionError(url)\n\n"
         "@pytest.mark.celery(task_always_eager=True)\n"
         "def test_eager(extras_app):\n"
         "    with pytest.warns(EagerPolicyWarning, match='ping ran eagerly.*limit'):\n"
         "        assert ping.delay(1).get() == 1\n"
         "    assert [ping.delay(i).get() for i in range(5)] == list(range(5))  # no limit\n"
+        "    with pytest.warns(EagerPolicyWarning, match='fetch ran eagerly.*retry_policy'):\n"
+        "        result = fetch.delay('u')\n"
+        "    assert result.state == 'FAILURE' and CALLS == ['u']  # no retry, no recursion\n"
+        "    with pytest.raises(ConnectionError):\n"
+        "        result.get()\n"
     )
     run = user_pytest(tmp_path, "-W", "error::UserWarning")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

@@ -113,9 +113,9 @@ class Arrival:
     """The delay store's arrival gate as the pipeline sees it: slots verified in the store."""
 
     def __init__(self) -> None:
-        self.slots: dict[str, tuple[float, int | None]] = {}
+        self.slots: dict[str, tuple[float, int | None, frozenset[int]]] = {}
 
-    def pop_slot(self, task_id: str) -> tuple[float, int | None] | None:
+    def pop_slot(self, task_id: str) -> tuple[float, int | None, frozenset[int]] | None:
         return self.slots.pop(task_id, None)
 
 
@@ -133,7 +133,7 @@ def test_parked_task_keeps_its_verified_slot_only_if_on_time(
     consumer, arrival = gated_consumer()
     gate.planner._local("t10", "", 10.0, 1).reserve()  # busy: booking again means waiting
     request = Request()
-    arrival.slots[request.id] = (clock.now - late, 0)
+    arrival.slots[request.id] = (clock.now - late, 0, frozenset())
     after_eta(pipeline, consumer, request, "t10")
     assert (consumer.ran == [request]) is runs
     assert gate.counts["held"] == (0 if runs else 1)
@@ -144,7 +144,7 @@ def test_a_verified_slot_still_ahead_is_held_until_it_comes(limits: Any) -> None
     consumer, arrival = gated_consumer()
     gate.planner._local("t10", "", 10.0, 1).reserve()
     request = Request()
-    arrival.slots[request.id] = (clock.now + 0.7, 0)
+    arrival.slots[request.id] = (clock.now + 0.7, 0, frozenset())
     pipeline.submit(consumer, request, "t10")
     assert consumer.ran == [] and (gate.counts["held"], gate.counts["slot_holds"]) == (0, 1)
     ((wait, due_call, args),) = consumer.scheduled
@@ -161,7 +161,7 @@ def test_slots_missed_in_an_outage_do_not_start_together(limits: Any) -> None:
     consumer, arrival = gated_consumer()
     for i in range(5):
         request = Request()
-        arrival.slots[request.id] = (clock.now - 0.1 * (i + 1), 0)
+        arrival.slots[request.id] = (clock.now - 0.1 * (i + 1), 0, frozenset())
         after_eta(pipeline, consumer, request, "t10")
     assert len(consumer.ran) == 1  # the first takes the free token, the rest wait in turn
     assert gate.counts["held"] == 4

@@ -297,7 +297,7 @@ def test_park_kinds_name_the_limit_whose_slot_the_store_verifies() -> None:
     from celery import Celery
 
     import celery_extras
-    from celery_extras.delay.gate import limit_of_kind
+    from celery_extras.delay.gate import slot_of_kind
     from celery_extras.limits.gate import LimitGate
     from celery_extras.limits.planner import Plan
 
@@ -307,12 +307,20 @@ def test_park_kinds_name_the_limit_whose_slot_the_store_verifies() -> None:
                                 LimitSpec(2.0, 1, "worker", None, "2/s")))  # fmt: skip
     kinds = [gate._park_kind("t", Plan("park", 9.0, True, 9.0, limit=i)) for i in range(3)]
     assert kinds == ["limit", "limit:1", "limit:worker"]
-    assert [limit_of_kind(k) for k in (*kinds, "retry", "eta", "limit:x", "limit:1234")] == [
-        0,
-        1,
+    # the limits it holds a token of already (booked at arrival) go with it
+    held = gate._park_kind("t", Plan("park", 9.0, True, 9.0, limit=1, taken=frozenset({0, 2})))
+    assert held == "limit:1/0,2"
+    assert [slot_of_kind(k) for k in (*kinds, held, "retry", "eta", "limit:x", "limit:1234")] == [
+        (0, frozenset()),
+        (1, frozenset()),
         None,
+        (1, frozenset({0, 2})),
         None,
         None,
         None,
         None,
     ]
+    # hostile store contents: a malformed or huge held list holds nothing (asked again)
+    assert slot_of_kind("limit/1,x") == (0, frozenset())
+    assert slot_of_kind("limit/" + ",".join(["1"] * 33)) == (0, frozenset())
+    assert slot_of_kind("limit:2/2,3") == (2, frozenset({3}))
