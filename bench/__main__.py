@@ -24,6 +24,7 @@ BENCHES: tuple[str, ...] = (
     "sync",
     "consumer",
     "store",
+    "testing",
 )
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"

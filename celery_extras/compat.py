@@ -61,6 +61,7 @@ __all__ = [
     "shared_task_parts",
     "stop_pool_threads",
     "task_reserved",
+    "terminate_workers",
     "track_held",
     "transport_channels",
     "unacked_messages",
@@ -262,6 +263,9 @@ PRIVATE: tuple[Private, ...] = (
     Private("celery.worker.state", "scheduled_requests", _is_set,
             "a set of scheduled requests", "limits: a held task dropped on connection loss",
             fallback="Celery < 5.7 tracks no scheduled request: nothing to drop", since="5.7"),
+    Private("celery.worker.state", "should_terminate", lambda o: o is None,
+            "None until a worker of this process is to terminate (then 0)",
+            "testing plugin: an in-process worker told to end as start_worker's exit does"),
     Private("celery.worker.state", "REVOKES_MAX", _number,
             "an int", "sync: default of extras_revoke_max",
             fallback="50000, Celery's documented default"),
@@ -431,6 +435,12 @@ def on_strategies_rebuilt(consumer: Any, callback: Callable[[Any], None], on: bo
         callbacks.append(callback)
     elif not on and callback in callbacks:
         callbacks.remove(callback)
+
+
+def terminate_workers() -> None:
+    """Tell this process's workers to terminate, as Celery's ``start_worker`` does when its
+    block ends (each sees it at the top of its event loop's next round)."""
+    _state.should_terminate = 0
 
 
 def stop_pool_threads(pool: Any) -> None:

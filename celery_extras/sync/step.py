@@ -20,20 +20,27 @@ from .control import SYNCER_ATTR
 from .state import WorkerRevokes
 from .syncer import Syncer
 
-__all__ = ["NoMingle", "SyncStep"]
+__all__ = ["WITHOUT_HELLO_ATTR", "NoMingle", "SyncStep"]
 
 #: How often (seconds) the consumer merges what the sync thread queued.
 DRAIN_INTERVAL = 0.1
 
 
+#: Attribute of the worker: ``True`` when it was started without Mingle (``--without-mingle``,
+#: or Celery's in-process test workers): its sync then says no hello to the neighbours.
+WITHOUT_HELLO_ATTR = "extras_without_hello"
+
+
 class NoMingle(bootsteps.Step):
-    """Worker step: disable Celery's Mingle when celery-extras sync is on (one sync, not two)."""
+    """Worker step: disable Celery's Mingle when celery-extras sync is on (one sync, not two).
+    A worker started without Mingle gets no hello either (the store sync still runs)."""
 
     label = "extras-no-mingle"
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         if settings_of(parent.app)["sync_enabled"]:
+            setattr(parent, WITHOUT_HELLO_ATTR, bool(parent.options.get("without_mingle")))
             parent.options["without_mingle"] = True
 
 
@@ -62,7 +69,7 @@ class SyncStep(bootsteps.StartStopStep):
             c.timer.call_repeatedly(DRAIN_INTERVAL, syncer.drain),
             c.timer.call_repeatedly(syncer.interval, syncer.collect),
         ]
-        syncer.start()
+        syncer.start(hello=not getattr(c.controller, WITHOUT_HELLO_ATTR, False))
 
     def stop(self, c: Any) -> None:
         for timer in self.timers:

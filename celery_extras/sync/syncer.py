@@ -109,13 +109,15 @@ class Syncer:
 
     # -- background threads ------------------------------------------------
 
-    def start(self) -> None:
-        """Start the background threads: the hello, and the periodic anti-entropy."""
+    def start(self, hello: bool = True) -> None:
+        """Start the background threads: the hello (unless *hello* is ``False``: a worker
+        started without Mingle), and the periodic anti-entropy."""
         self.stopping.clear()
-        self.threads = [
-            threading.Thread(target=self.hello.send, name="extras-sync-hello", daemon=True),
-            threading.Thread(target=self._run, name="extras-sync", daemon=True),
-        ]
+        self.threads = [threading.Thread(target=self._run, name="extras-sync", daemon=True)]
+        if hello:
+            self.threads.append(
+                threading.Thread(target=self.hello.send, name="extras-sync-hello", daemon=True)
+            )
         for thread in self.threads:
             thread.start()
 

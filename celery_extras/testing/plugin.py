@@ -181,14 +181,19 @@ def extras_worker(
     clock: SimulatedClock | None = None
     if "extras_clock" in request.fixturenames:
         clock = request.getfixturevalue("extras_clock")
-    with start_worker(extras_app, **parameters) as worker:
-        settling = SettlingWorker(extras_app, worker)
-        if clock is not None:
-            clock.attach(settling)
-        try:
-            yield worker
-        finally:
+    settling: SettlingWorker | None = None
+    try:
+        with start_worker(extras_app, **parameters) as worker:
+            settling = SettlingWorker(extras_app, worker)
             if clock is not None:
-                clock.detach(settling)
+                clock.attach(settling)
+            try:
+                yield worker
+            finally:
+                if clock is not None:
+                    clock.detach(settling)
+                settling.end()
+        compat.stop_pool_threads(worker.pool)
+    finally:
+        if settling is not None:
             settling.close()
-    compat.stop_pool_threads(worker.pool)

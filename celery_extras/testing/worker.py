@@ -61,6 +61,10 @@ class LoopProbe:
             self._rounds += 1
             self._woken.notify_all()
 
+    def wake(self) -> None:
+        """Wake the loop once, waiting for nothing."""
+        os.write(self._write, b".")
+
     def rounds(self, n: int, timeout: float) -> bool:
         """Wake the loop *n* times, one after another; ``False`` if a round did not come."""
         for _ in range(n):
@@ -73,7 +77,8 @@ class LoopProbe:
 
     def close(self) -> None:
         try:
-            self.hub.remove_reader(self._read)
+            with contextlib.suppress(Exception):  # the loop may have closed its poller
+                self.hub.remove_reader(self._read)
         finally:
             os.close(self._read)
             os.close(self._write)
@@ -174,7 +179,15 @@ class SettlingWorker:
         task_consumer = getattr(self.controller.consumer, "task_consumer", None)
         return [q.name for q in getattr(task_consumer, "queues", [])]
 
+    def end(self) -> None:
+        """Tell the worker to end, as ``start_worker``'s exit does next, and wake its loop so
+        that it ends now rather than at its next poll (up to a second later)."""
+        compat.terminate_workers()
+        if self._probe is not None:
+            self._probe.wake()
+
     def close(self) -> None:
+        """Let go of the pipe and the connection (the worker has ended)."""
         if self._probe is not None:
             self._probe.close()
         self._connection.release()
