@@ -10,7 +10,7 @@ from typing import Any
 
 from celery_extras import SimulatedClock
 from example_project.demos.coalesce import reindex
-from example_project.demos.policies import api_call, flaky, limited
+from example_project.demos.policies import flaky, limited
 
 
 def ready(results: list[Any]) -> int:
@@ -25,28 +25,6 @@ def test_limited_runs_ten_a_second(extras_worker: Any, extras_clock: SimulatedCl
         extras_clock.advance(0.1)
         assert ready(results) == 1 + tenth
     assert ready(results) == 21
-
-
-def test_a_customer_gets_four_a_second(extras_worker: Any, extras_clock: SimulatedClock) -> None:
-    mine = [api_call.delay("acme", i) for i in range(8)]
-    extras_clock.advance(0)
-    assert ready(mine) == 1
-    extras_clock.advance(1.0)
-    assert ready(mine) == 5  # at 0, 0.25, 0.5, 0.75 and 1.0 s
-    extras_clock.advance(0.75)
-    assert ready(mine) == 8
-
-
-def test_all_customers_get_twenty_a_second(
-    extras_worker: Any, extras_clock: SimulatedClock
-) -> None:
-    calls = [api_call.delay(f"customer-{i}", i) for i in range(8)]  # 4/s each: not binding
-    extras_clock.advance(0)
-    assert ready(calls) == 1
-    extras_clock.advance(0.3)
-    assert ready(calls) == 7  # at 0, 0.05, ... 0.3 s
-    extras_clock.advance(0.05)
-    assert ready(calls) == 8
 
 
 def test_flaky_is_retried_after_its_backoff(

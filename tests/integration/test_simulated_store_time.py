@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_extras import clock
 from celery_extras.concurrency.redis_slots import RedisSlots
 from celery_extras.delay.redis_store import RedisDelayStore
 from celery_extras.limits.redis_bucket import GlobalTokenBucket, Take
 from celery_extras.testing.clock import SimulatedClock
 from tests.support.brokers import REDIS_URL
+from tests.support.clock import simulated
 from tests.unit.test_delay_core import make_entry
 
 START = 2_000_000_000.0
@@ -22,12 +22,8 @@ START = 2_000_000_000.0
 
 @pytest.fixture
 def sim() -> Iterator[SimulatedClock]:
-    simulated = SimulatedClock(start=START)
-    clock.simulate(simulated)
-    try:
-        yield simulated
-    finally:
-        clock.simulate(None)
+    with simulated(START) as clock_:
+        yield clock_
 
 
 @pytest.fixture

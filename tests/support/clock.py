@@ -1,8 +1,26 @@
-"""A clock the test moves by hand, for the pure algorithms' injectable clocks."""
+"""Clocks the test moves by hand: for the pure algorithms' injectable clocks, and simulated
+time for all of celery-extras at once."""
 
 from __future__ import annotations
 
-__all__ = ["FakeClock"]
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from celery_extras import clock
+from celery_extras.testing.clock import SimulatedClock
+
+__all__ = ["FakeClock", "simulated"]
+
+
+@contextmanager
+def simulated(start: float) -> Iterator[SimulatedClock]:
+    """Every celery-extras clock (and store script) on a :class:`SimulatedClock` at *start*."""
+    sim = SimulatedClock(start=start)
+    clock.simulate(sim)
+    try:
+        yield sim
+    finally:
+        clock.simulate(None)
 
 
 class FakeClock:

@@ -10,6 +10,7 @@ import pytest
 
 from celery_extras import clock
 from celery_extras.testing.clock import SimulatedClock
+from tests.support.clock import simulated
 
 START = 1_000_000.0
 
@@ -41,12 +42,8 @@ class FakeWorker:
 
 @pytest.fixture
 def sim() -> Iterator[SimulatedClock]:
-    simulated = SimulatedClock(start=START)
-    clock.simulate(simulated)
-    try:
-        yield simulated
-    finally:
-        clock.simulate(None)
+    with simulated(START) as clock_:
+        yield clock_
 
 
 def test_time_stands_still_until_advanced_and_moves_every_clock(sim: SimulatedClock) -> None:
