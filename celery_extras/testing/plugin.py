@@ -31,7 +31,7 @@ from .. import clock as clocks
 from .. import compat
 from .clock import SimulatedClock
 from .embedded import EmbeddedRedis
-from .worker import SettlingWorker
+from .worker import SettlingWorker, logging_kept
 
 __all__ = [
     "SIMULATED_SETTINGS",
@@ -183,7 +183,7 @@ def extras_worker(
         clock = request.getfixturevalue("extras_clock")
     settling: SettlingWorker | None = None
     try:
-        with start_worker(extras_app, **parameters) as worker:
+        with logging_kept(), start_worker(extras_app, **parameters) as worker:
             settling = SettlingWorker(extras_app, worker)
             if clock is not None:
                 clock.attach(settling)

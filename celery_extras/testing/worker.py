@@ -12,9 +12,11 @@ broker handed over but the worker has not read yet is read in them).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from celery import Celery
@@ -30,13 +32,28 @@ from ..delay.redis_store import delay_keys
 from ..settings import settings_of
 from ..store.client import redis_client, store_key
 
-__all__ = ["LoopProbe", "SettlingWorker"]
+__all__ = ["LoopProbe", "SettlingWorker", "logging_kept"]
 
 #: Pause between two looks at a busy worker.
 _LOOK_EVERY = 0.002
 #: Without an event loop (a broker without one, as ``memory://``): looks in a row that must
 #: find the worker quiet, and the pause between two.
 _QUIET_LOOKS, _QUIET_EVERY = 10, 0.005
+
+
+@contextlib.contextmanager
+def logging_kept() -> Iterator[None]:
+    """Give the loggers back as they were: an in-process worker sets logging up as a worker
+    does (levels, handlers), which would change what later tests of the process capture."""
+    loggers = [logging.root, *(logging.getLogger(name) for name in
+                               list(logging.root.manager.loggerDict))]  # fmt: skip
+    saved = [(lg, lg.level, lg.propagate, lg.disabled, list(lg.handlers)) for lg in loggers]
+    try:
+        yield
+    finally:
+        for lg, level, propagate, disabled, handlers in saved:
+            lg.setLevel(level)
+            lg.propagate, lg.disabled, lg.handlers = propagate, disabled, handlers
 
 
 class LoopProbe:

@@ -72,7 +72,8 @@ def since(extras_clock, name):
     return [round(t - extras_clock.start, 3) for t in STARTED.get(name, [])]
 
 
-def test_a_limit_of_one_a_second_over_thirty_tasks(extras_worker, extras_clock):
+def test_a_limit_of_one_a_second_over_thirty_tasks(extras_app, extras_worker, extras_clock):
+    assert ping.app is extras_app  # module-level tasks are the plugin app's
     results = [ping.delay(i) for i in range(30)]
     assert results[0].get(timeout=10) == 0
     for second in range(1, 30):

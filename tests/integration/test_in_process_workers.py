@@ -9,7 +9,6 @@ ETA store, sync, stats); its store is a private Redis, so every connection named
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from celery import signals
 from celery.contrib.testing.worker import start_worker
 
 from celery_extras.store.client import CLIENT_NAME
+from celery_extras.testing.worker import logging_kept
 from tests.support import proj
 from tests.support.brokers import PrivateRedis
 from tests.support.journal import Journal
@@ -43,17 +43,8 @@ def store(tmp_path: Path) -> Iterator[PrivateRedis]:
 def _logging_restored() -> Iterator[None]:
     """The in-process worker sets up logging as a worker does (root level ``error``, a
     stderr handler): give the tests that run after it in this process theirs back."""
-    loggers = [
-        logging.root,
-        *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict)),
-    ]
-    saved = [(lg, lg.level, lg.propagate, lg.disabled, list(lg.handlers)) for lg in loggers]
-    try:
+    with logging_kept():
         yield
-    finally:
-        for lg, level, propagate, disabled, handlers in saved:
-            lg.setLevel(level)
-            lg.propagate, lg.disabled, lg.handlers = propagate, disabled, handlers
 
 
 def ours(client: redis.Redis) -> list[str]:

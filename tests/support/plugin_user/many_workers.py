@@ -1,6 +1,7 @@
 """Run by tests/integration/test_testing_plugin.py as ``test_many_workers.py``, outside the
 repository: twenty extras_workers one after another, then nothing of them left."""
 
+import logging
 import threading
 
 import pytest
@@ -31,3 +32,9 @@ def test_nothing_of_them_is_left(extras_store):
     assert left == []
     ours = [c for c in extras_store.client.client_list() if c["name"] == CLIENT_NAME]
     assert ours == []
+
+
+def test_logging_is_as_before_the_workers(caplog):
+    """Each worker set logging up as a worker does; each gave it back."""
+    logging.getLogger("celery_extras.limits.gate").warning("still heard")
+    assert [r.getMessage() for r in caplog.records] == ["still heard"]
