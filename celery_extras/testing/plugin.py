@@ -24,6 +24,7 @@ import pytest
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from kombu.asynchronous import set_event_loop
 
 import celery_extras
 
@@ -182,6 +183,10 @@ def extras_worker(
     if "extras_clock" in request.fixturenames:
         clock = request.getfixturevalue("extras_clock")
     settling: SettlingWorker | None = None
+    # a worker takes kombu's current event loop if there is one, with the timer of the worker
+    # that made it (Celery 5.5: the timer entries of every later worker never fire): each
+    # worker gets its own, and leaves none behind
+    set_event_loop(None)
     try:
         with logging_kept(), start_worker(extras_app, **parameters) as worker:
             settling = SettlingWorker(extras_app, worker)
@@ -197,3 +202,4 @@ def extras_worker(
     finally:
         if settling is not None:
             settling.close()
+        set_event_loop(None)

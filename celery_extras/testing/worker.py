@@ -146,6 +146,8 @@ class SettlingWorker:
                         f"the worker was still busy after {self.settle_timeout:g} s "
                         f"({busy}): a task that does not end, or a queue it does not consume?"
                     )
+                if self._probe is not None:  # what the loop has queued (an ack) runs now
+                    self._probe.wake()
                 time.sleep(_LOOK_EVERY)
             elif self._probe is not None:
                 if self._probe.rounds(2, max(0.0, deadline - time.monotonic())) and not (
