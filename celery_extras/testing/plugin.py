@@ -138,7 +138,11 @@ def extras_app(
     }
     if not given & {"broker_url", "broker"}:
         ours["broker_url"] = extras_store.url
-        ours["broker_transport_options"] = {"global_keyprefix": f"{extras_store.namespace}:"}
+        ours["broker_transport_options"] = {
+            "global_keyprefix": f"{extras_store.namespace}:",
+            # a worker's BRPOP waits this long: its stop waits for the last one to return
+            "polling_interval": 0.1,
+        }
     if "extras_clock" in request.fixturenames:
         clock = request.getfixturevalue("extras_clock")
         ours.update(SIMULATED_SETTINGS)

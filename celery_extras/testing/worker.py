@@ -34,6 +34,8 @@ from ..store.client import redis_client, store_key
 
 __all__ = ["LoopProbe", "SettlingWorker", "logging_kept"]
 
+#: What a worker is busy with while a message it received is not acked yet.
+_ON_THE_WAY = "on their way in"
 #: Pause between two looks at a busy worker.
 _LOOK_EVERY = 0.002
 #: Without an event loop (a broker without one, as ``memory://``): looks in a row that must
@@ -146,8 +148,8 @@ class SettlingWorker:
                         f"the worker was still busy after {self.settle_timeout:g} s "
                         f"({busy}): a task that does not end, or a queue it does not consume?"
                     )
-                if self._probe is not None:  # what the loop has queued (an ack) runs now
-                    self._probe.wake()
+                if self._probe is not None and busy.endswith(_ON_THE_WAY):
+                    self._probe.wake()  # what the loop has queued (an ack, on 5.5) runs now
                 time.sleep(_LOOK_EVERY)
             elif self._probe is not None:
                 if self._probe.rounds(2, max(0.0, deadline - time.monotonic())) and not (
@@ -181,7 +183,7 @@ class SettlingWorker:
         pipeline = getattr(consumer, PIPELINE_ATTR, None)
         unacked = compat.unacked_messages(consumer) - (pipeline.waiting() if pipeline else 0)
         if unacked > 0:
-            return f"{unacked} message(s) on their way in"
+            return f"{unacked} message(s) {_ON_THE_WAY}"
         return ""
 
     def _waiting_in(self, queue: str) -> int:
