@@ -45,6 +45,7 @@ __all__ = [
     "QoSLike",
     "RequestLike",
     "TimerEntry",
+    "active_requests",
     "check_worker",
     "drop_acks",
     "forget_held",
@@ -254,6 +255,8 @@ PRIVATE: tuple[Private, ...] = (
             "a set of reserved requests",
             "fair queues: room left in the pool; concurrency: a slot whose request ended "
             "unseen is freed"),
+    Private("celery.worker.state", "active_requests", _is_set,
+            "a set of the requests running", "testing plugin: a worker running a task is busy"),
     Private("celery.worker.state", "task_reserved", _callable("request"),
             "task_reserved(request)", "limits: a task let through is reserved as Celery does"),
     Private("celery.worker.state", "task_scheduled", _callable("request"),
@@ -460,6 +463,11 @@ def unacked_messages(consumer: Any) -> int:
     if not isinstance(delivered, dict) or not isinstance(dirty, set):
         return 0
     return max(0, len(delivered) - len(dirty))
+
+
+def active_requests() -> Any:
+    """The set of requests running in this process's workers."""
+    return _state.active_requests
 
 
 def reserved_requests() -> Any:

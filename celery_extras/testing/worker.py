@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from celery import Celery
-from celery.worker import state
 from kombu.transport.virtual import Channel
 
 from .. import compat
@@ -171,10 +170,11 @@ class SettlingWorker:
                               if score is None]  # fmt: skip
             if self._released:
                 return f"{len(self._released)} released task(s) not taken yet"
-        if state.active_requests:
-            return f"{len(state.active_requests)} task(s) running"
-        if state.reserved_requests:
-            return f"{len(state.reserved_requests)} task(s) reserved"
+        running, reserved = compat.active_requests(), compat.reserved_requests()
+        if running:
+            return f"{len(running)} task(s) running"
+        if reserved:
+            return f"{len(reserved)} task(s) reserved"
         for name in self._queues():
             waiting = self._waiting_in(name)
             if waiting:
