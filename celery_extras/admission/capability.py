@@ -68,7 +68,8 @@ def _connect(app: Celery) -> None:
 
     track_app(app)
     before_task_publish.connect(stamp_sent, weak=False, dispatch_uid="celery_extras.coalesce")
-    task_prerun.connect(warn_eager, weak=False, dispatch_uid="celery_extras.eager")
+    if app.conf.task_always_eager:  # not in workers: a receiver makes Celery send the signal
+        task_prerun.connect(warn_eager, weak=False, dispatch_uid="celery_extras.eager")
 
 
 POLICIES = Capability(
