@@ -68,7 +68,16 @@ def _connect(app: Celery) -> None:
 
     track_app(app)
     before_task_publish.connect(stamp_sent, weak=False, dispatch_uid="celery_extras.coalesce")
-    if app.conf.task_always_eager:  # not in workers: a receiver makes Celery send the signal
+    if app.configured:
+        _eager_warnings(app)
+    else:
+        app.on_after_configure.connect(_eager_warnings, weak=False)
+
+
+def _eager_warnings(sender: Celery, **_: Any) -> None:
+    """Warn of eager calls where they are configured, and only there: a ``task_prerun``
+    receiver makes every worker send the signal for every task."""
+    if sender.conf.task_always_eager:
         task_prerun.connect(warn_eager, weak=False, dispatch_uid="celery_extras.eager")
 
 
