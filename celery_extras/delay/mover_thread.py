@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery
@@ -22,7 +22,7 @@ from .mover import Mover
 from .parking import STORE_ERRORS, Parker, due_queue
 from .store import Claim
 
-__all__ = ["MoverThread", "publish_entry"]
+__all__ = ["MoverThread", "app_mover", "publish_entry"]
 
 #: Named after the module the thread came from, so logging set-ups keep working.
 logger = logging.getLogger("celery_extras.delay.gate")
@@ -51,6 +51,28 @@ def publish_entry(app: Celery, entry: Entry, claim: Claim) -> None:
         )
 
 
+def app_mover(
+    app: Celery,
+    parker: Parker,
+    settings: Mapping[str, Any],
+    *,
+    on_released: Callable[[Entry, Claim], None],
+    lead: float | None = None,
+) -> Mover:
+    """A :class:`~.mover.Mover` of *app*'s delay store with its settings, publishing with
+    :func:`publish_entry` (*lead*: another lead than ``extras_delay_lead``)."""
+    return Mover(
+        parker.store,
+        lambda entry, claim: publish_entry(app, entry, claim),
+        lead=settings["delay_lead"] if lead is None else lead,
+        lease=settings["delay_lease"],
+        recheck=settings["delay_recheck"],
+        batch=settings["delay_batch"],
+        poll=settings["delay_poll"],
+        on_released=on_released,
+    )
+
+
 class MoverThread:
     """Runs a :class:`~.mover.Mover` in a daemon thread until :meth:`stop`."""
 
@@ -65,17 +87,7 @@ class MoverThread:
         self.last_error = ""
 
     def _make_mover(self) -> Mover:
-        settings, app = self.settings, self.app
-        return Mover(
-            self.parker.store,
-            lambda entry, claim: publish_entry(app, entry, claim),
-            lead=settings["delay_lead"],
-            lease=settings["delay_lease"],
-            recheck=settings["delay_recheck"],
-            batch=settings["delay_batch"],
-            poll=settings["delay_poll"],
-            on_released=self._released,
-        )
+        return app_mover(self.app, self.parker, self.settings, on_released=self._released)
 
     def _released(self, entry: Entry, claim: Claim) -> None:
         task_released.send(sender=entry.task, task_id=entry.task_id)

@@ -24,8 +24,7 @@ from kombu.transport.virtual import Channel
 
 from .. import compat
 from ..admission.pipeline import PIPELINE_ATTR
-from ..delay.mover import Mover
-from ..delay.mover_thread import publish_entry
+from ..delay.mover_thread import app_mover
 from ..delay.parking import Parker
 from ..delay.redis_store import delay_keys
 from ..settings import settings_of
@@ -111,15 +110,10 @@ class SettlingWorker:
         self.settle_timeout = settle_timeout
         settings = settings_of(app)
         self.parker = Parker(app, settings["delay_tombstone_ttl"])
-        self.mover = Mover(
-            self.parker.store,
-            lambda entry, claim: publish_entry(app, entry, claim),
-            lead=0.0,
-            lease=settings["delay_lease"],
-            recheck=settings["delay_recheck"],
-            batch=settings["delay_batch"],
+        self.mover = app_mover(
+            app, self.parker, settings, lead=0.0,
             on_released=lambda entry, claim: self._released.append(claim.entry_id),
-        )
+        )  # fmt: skip
         self._released: list[str] = []
         keys = delay_keys(store_key(app))
         self._due_key, self._taken_key = keys["due"], keys["taken"]
