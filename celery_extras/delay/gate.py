@@ -232,10 +232,10 @@ def slot_of_kind(kind: str) -> tuple[int, frozenset[int]] | None:
         index = 0
     else:
         name, _, number = head.partition(":")
-        if name != "limit" or not (number.isdigit() and len(number) <= 3):
+        if name != "limit" or not (number.isdecimal() and len(number) <= 3):
             return None
         index = int(number)
     held = held_text.split(",") if held_text else []
-    if len(held) > _MOST_HELD or not all(h.isdigit() and len(h) <= 3 for h in held):
+    if len(held) > _MOST_HELD or not all(h.isdecimal() and len(h) <= 3 for h in held):
         held = []
     return index, frozenset(int(h) for h in held) - {index}

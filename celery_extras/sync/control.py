@@ -116,7 +116,7 @@ def extras_revoked(state: Any, limit: Any = 100, **kwargs: Any) -> dict[str, Any
     syncer = _syncer(state)
     if syncer is None:
         return {"error": "celery-extras sync is not running on this worker"}
-    if isinstance(limit, str) and limit.isdigit() and len(limit) <= 6:
+    if isinstance(limit, str) and limit.isdecimal() and len(limit) <= 6:
         limit = int(limit)
     if not is_int(limit, minimum=0, maximum=10000):
         return {"error": f"limit {shown(limit)}: expected an integer from 0 to 10000"}

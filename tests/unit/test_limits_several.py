@@ -324,3 +324,6 @@ def test_park_kinds_name_the_limit_whose_slot_the_store_verifies() -> None:
     assert slot_of_kind("limit/1,x") == (0, frozenset())
     assert slot_of_kind("limit/" + ",".join(["1"] * 33)) == (0, frozenset())
     assert slot_of_kind("limit:2/2,3") == (2, frozenset({3}))
+    # digits int() cannot read (str.isdigit accepts them): no crash of the arrival gate
+    assert slot_of_kind("limit:\u00b2") is None
+    assert slot_of_kind("limit/\u00b2") == (0, frozenset())
