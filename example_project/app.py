@@ -29,5 +29,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=300,
     extras_key_prefix="example",
+    # park every task whose ETA is more than 2 s away in the delay store (demos/herd.py)
+    extras_eta_store=True,
+    extras_eta_threshold=2.0,
 )
 celery_extras.install(app)

@@ -183,6 +183,36 @@ DELAY = Capability(
             "queue of its queue), so that it reaches a worker on time.",
         ),
         Setting(
+            "delay_lookahead",
+            300.0,
+            number(minimum=0),
+            "float",
+            "Seconds before their due time that movers may publish the ETA and retry tasks "
+            "of a herd (at most half the Redis broker's visibility timeout): a herd due at "
+            "once then reaches the workers' timers ahead of its time, as Celery's own ETA "
+            "tasks do, instead of queueing behind itself when it falls due. 0: every task "
+            "is published ``extras_delay_lead`` seconds before it is due.",
+        ),
+        Setting(
+            "delay_herd_rate",
+            200.0,
+            number(above=0),
+            "float",
+            "Tasks per second the workers are counted on to take when a herd falls due: a "
+            "parked ETA or retry task is published early when more tasks are due up to its "
+            "time than that rate takes meanwhile (a steady stream slower than it never is).",
+        ),
+        Setting(
+            "delay_shards",
+            None,
+            optional(integer(minimum=1, maximum=256)),
+            "int | None",
+            "Shards of the delay store, each under a hash tag of its own (a Redis Cluster "
+            "spreads them over its masters evenly when this is a multiple of their number). "
+            "``None``: 12 on a Redis Cluster, 1 elsewhere. Changing it later is safe: "
+            "movers go on releasing what the former shards hold.",
+        ),
+        Setting(
             "delay_lease",
             10.0,
             number(above=0),

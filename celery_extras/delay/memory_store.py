@@ -8,12 +8,13 @@ the unit tests. No Celery import.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..clock import monotonic
 from .entry import Entry
-from .store import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
+from .store import AHEAD_KINDS, HERD_WIDTH, MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
 
 __all__ = ["MemoryDelayStore"]
 
@@ -35,6 +36,7 @@ class _Record:
     tokens: list[str] = field(default_factory=list)
     taken_by: str | None = None
     taken_at: float = 0.0
+    released: bool = False  # published, waiting to be taken
 
 
 class MemoryDelayStore:
@@ -63,17 +65,28 @@ class MemoryDelayStore:
         ]:  # fmt: skip
             del self.records[entry_id]
 
-    def claim(self, lead: float, lease: float, tokens: list[str]) -> Claimed:
+    def claim(
+        self, lead: float, lease: float, tokens: list[str], lookahead: float = 0.0,
+        window: int = 0, pace: float = 0.0,
+    ) -> Claimed:  # fmt: skip
         now = self.clock()
         waiting = sorted((r.score, i) for i, r in self.records.items() if r.taken_by is None)
+        chosen = [i for score, i in waiting if score <= now + lead][: len(tokens)]
+        in_flight = sum(1 for r in self.records.values() if r.released and r.taken_by is None)
+        if len(chosen) < len(tokens) and lookahead > lead and pace > 0 and in_flight < window:
+            scores = [score for score, _ in waiting]
+            chosen += [
+                i for score, i in waiting
+                if now + lead < score <= now + lookahead and not self.records[i].tokens
+                and self.records[i].kind in AHEAD_KINDS
+                and bisect.bisect_right(scores, score + HERD_WIDTH) > (score - now) * pace
+            ][: len(tokens) - len(chosen)]  # fmt: skip
         items: list[Claim] = []
-        for score, entry_id in waiting:
-            if len(items) >= len(tokens) or score > now + lead:
-                break
+        for entry_id in chosen:
             record = self.records[entry_id]
             token = tokens[len(items)]
             record.tokens = [*record.tokens, token][-MAX_TOKENS:]
-            record.score = now + lease
+            record.score, record.released = now + lease, False
             assert record.raw is not None
             items.append(
                 Claim(entry_id, token, len(record.tokens), record.raw, _until(record.due, now))
@@ -83,11 +96,17 @@ class MemoryDelayStore:
         return Claimed(items, _until(min(scores), now) if scores else None)
 
     def release(self, entry_id: str, token: str, recheck: float) -> bool:
-        record = self.records.get(entry_id)
-        if record is None or record.taken_by is not None or record.tokens[-1:] != [token]:
-            return False
-        record.score = self.clock() + recheck
-        return True
+        return self.release_all([(entry_id, token)], recheck) == 1
+
+    def release_all(self, published: Iterable[tuple[str, str]], recheck: float) -> int:
+        recorded = 0
+        for entry_id, token in published:
+            record = self.records.get(entry_id)
+            if record is None or record.taken_by is not None or record.tokens[-1:] != [token]:
+                continue
+            record.score, record.released = self.clock() + recheck, True
+            recorded += 1
+        return recorded
 
     def take(self, entry_id: str, task_id: str, token: str) -> Taken:
         record = self.records.get(entry_id)
@@ -99,6 +118,7 @@ class MemoryDelayStore:
                 return Taken(Take.REDELIVERED, _until(record.due, now), record.kind)
             return Taken(Take.DUPLICATE, _until(record.due, now), record.kind)
         record.taken_by, record.taken_at, record.raw = token, now, None
+        record.released = False
         return Taken(Take.TAKEN, _until(record.due, now), record.kind)
 
     def discard(self, entry_id: str) -> None:

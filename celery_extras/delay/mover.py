@@ -1,9 +1,10 @@
 """The mover: the loop every worker runs to publish the due entries of a delay store.
 
-Each turn claims the entries due within a lead time, publishes each one through
-a callable it is given and releases it; an entry it cannot publish stays
-claimed and is claimed again when its lease ends. No Celery import: the thread
-that runs it and the publishing are in :mod:`.mover_thread`.
+Each turn claims a batch of entries due within a lead time (and the ETA and retry entries
+of a herd due within a lookahead, see :mod:`.store`), publishes each
+one through a callable it is given and releases the published ones in one call; an entry
+it cannot publish stays claimed and is claimed again when its lease ends. No Celery
+import: the thread that runs it and the publishing are in :mod:`.mover_thread`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Mover:
         publish: Callable[[Entry, Claim], None],
         *,
         lead: float = 1.0,
+        lookahead: float = 0.0,
+        pace: float = 0.0,
         lease: float = 10.0,
         recheck: float = 600.0,
         batch: int = 100,
@@ -46,6 +49,8 @@ class Mover:
         self.store = store
         self.publish = publish
         self.lead = lead
+        self.lookahead = lookahead
+        self.pace = pace
         self.lease = lease
         self.recheck = recheck
         self.batch = batch
@@ -57,10 +62,35 @@ class Mover:
 
     def run_once(self) -> float:
         """One turn; seconds to sleep before the next. Store errors propagate."""
-        claimed = self.store.claim(self.lead, self.lease, [self.new_token() for _ in
-                                                            range(self.batch)])  # fmt: skip
+        tokens = [self.new_token() for _ in range(self.batch)]
+        # published but not yet taken, per shard, before the lookahead waits: two batches
+        claimed = self.store.claim(self.lead, self.lease, tokens, self.lookahead,
+                                   2 * self.batch, self.pace)  # fmt: skip
         self.counts["claimed"] += len(claimed.items)
-        for claim in claimed.items:
+        published: list[tuple[Entry, Claim]] = []
+        try:
+            failed = self._publish_all(claimed.items, published)
+        finally:  # what was published is released, even when a publish or the store failed
+            if published:
+                self.store.release_all(
+                    [(claim.entry_id, claim.token) for _, claim in published], self.recheck
+                )
+                self.counts["released"] += len(published)
+                if self.on_released is not None:
+                    for entry, claim in published:
+                        self.on_released(entry, claim)
+        if failed:
+            return self.poll  # the rest of the batch waits for its lease
+        if len(claimed.items) >= self.batch:
+            return 0.0
+        if claimed.next_in is None:
+            return self.poll
+        return min(self.poll, max(0.0, claimed.next_in - self.lead))
+
+    def _publish_all(self, claims: list[Claim], published: list[tuple[Entry, Claim]]) -> bool:
+        """Publish *claims* in order, appending each to *published*; ``True`` when the broker
+        refused one (the rest are left claimed)."""
+        for claim in claims:
             try:
                 entry = Entry.loads(claim.raw)
             except ValueError as exc:
@@ -80,19 +110,12 @@ class Mover:
                         "once per outage)",
                         exc, entry.task, entry.task_id, self.lease,
                     )  # fmt: skip
-                return self.poll  # the rest of the batch waits for its lease too
+                return True
             if self.broker_down:
                 self.broker_down = False
                 logger.warning("celery-extras: the delay mover publishes again")
-            self.store.release(claim.entry_id, claim.token, self.recheck)
-            self.counts["released"] += 1
-            if self.on_released is not None:
-                self.on_released(entry, claim)
-        if len(claimed.items) >= self.batch:
-            return 0.0
-        if claimed.next_in is None:
-            return self.poll
-        return min(self.poll, max(0.0, claimed.next_in - self.lead))
+            published.append((entry, claim))
+        return False
 
     def info(self) -> dict[str, Any]:
         return dict(self.counts)

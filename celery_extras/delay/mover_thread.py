@@ -22,18 +22,20 @@ from .mover import Mover
 from .parking import STORE_ERRORS, Parker, due_queue
 from .store import Claim
 
-__all__ = ["MoverThread", "app_mover", "publish_entry"]
+__all__ = ["MoverThread", "app_mover", "lookahead", "publish_entry"]
 
 #: Named after the module the thread came from, so logging set-ups keep working.
 logger = logging.getLogger("celery_extras.delay.gate")
 
 
 def publish_entry(app: Celery, entry: Entry, claim: Claim) -> None:
-    """Publish a claimed entry to the due queue of its queue (or its own route)."""
+    """Publish a claimed entry to the due queue of its queue (or its own route). A due
+    queue is reached through the default exchange, by name: on Redis that is one ``LPUSH``,
+    where its own exchange costs a read of the exchange's bindings first."""
     headers = {**entry.headers, PARKED_HEADER: claim.entry_id, CLAIM_HEADER: claim.token}
     if entry.queue:
         queue = due_queue(entry.queue)
-        exchange, routing_key, declare = queue.exchange.name, queue.routing_key, [queue]
+        exchange, routing_key, declare = "", queue.name, [queue]
     else:
         exchange, routing_key, declare = entry.exchange, entry.routing_key, []
     with app.producer_or_acquire() as producer:
@@ -51,6 +53,17 @@ def publish_entry(app: Celery, entry: Entry, claim: Claim) -> None:
         )
 
 
+def lookahead(app: Celery, configured: float) -> float:
+    """*configured* (``extras_delay_lookahead``), at most half the Redis broker's visibility
+    timeout: a message published ahead waits unacked in a worker's timer, and one held past
+    the visibility timeout is delivered again."""
+    visibility = (app.conf.broker_transport_options or {}).get("visibility_timeout", 3600)
+    try:
+        return min(configured, float(visibility) / 2)
+    except (TypeError, ValueError):
+        return configured
+
+
 def app_mover(
     app: Celery,
     parker: Parker,
@@ -65,6 +78,8 @@ def app_mover(
         parker.store,
         lambda entry, claim: publish_entry(app, entry, claim),
         lead=settings["delay_lead"] if lead is None else lead,
+        lookahead=lookahead(app, settings["delay_lookahead"]),
+        pace=settings["delay_herd_rate"],
         lease=settings["delay_lease"],
         recheck=settings["delay_recheck"],
         batch=settings["delay_batch"],

@@ -47,9 +47,11 @@ from .redis_store import ParkNotReplicated, RedisDelayStore
 from .store import DelayStore
 
 __all__ = [
+    "CLUSTER_SHARDS",
     "REPLICA_RETRY",
     "STORE_ERRORS",
     "Parker",
+    "delay_shards",
     "due_queue",
     "origin_queue",
     "park_replicas",
@@ -75,6 +77,25 @@ def park_replicas(app: Celery) -> int:
         return 1 if store_kind(url, store_options(app)) == "sentinel" else 0
     except ValueError:
         return 0
+
+
+#: Shards of a store on a Redis Cluster unless ``extras_delay_shards`` says otherwise: a
+#: multiple of 1, 2, 3, 4 and 6 masters.
+CLUSTER_SHARDS = 12
+
+
+def delay_shards(app: Celery) -> int:
+    """Shards of *app*'s delay store: ``extras_delay_shards``, or by default
+    :data:`CLUSTER_SHARDS` on a Redis Cluster and 1 elsewhere."""
+    configured: int | None = settings_of(app).get("delay_shards")
+    if configured is not None:
+        return configured
+    url = store_url(app)
+    try:
+        cluster = url is not None and store_kind(url, store_options(app)) == "cluster"
+    except ValueError:
+        cluster = False
+    return CLUSTER_SHARDS if cluster else 1
 
 
 def due_queue(queue: str) -> Queue:
@@ -136,6 +157,7 @@ class Parker:
                 self.tombstone_ttl,
                 replicas=park_replicas(self.app),
                 replica_wait=float(settings.get("delay_park_wait", 1.0)),
+                shards=delay_shards(self.app),
             )
         return self._store
 

@@ -1,17 +1,19 @@
 """The delay store on Redis: the rules of :mod:`.store` as atomic Lua scripts.
 
-Four keys, all under one hash tag (``{<prefix>:delay}``) so every script runs on
-one node of a Redis Cluster:
+Each shard (:mod:`.shards`) has five keys under its own hash tag, so every script runs on
+one node of a Redis Cluster (the first shard's tag is ``{<prefix>:delay}``):
 
-* ``{P:delay}:due``: sorted set, entry id -> when a mover should next look at it,
-  in milliseconds of the *Redis server's* clock (``TIME``): its due time while
-  parked, the end of its lease while claimed, its re-check time once released;
-* ``{P:delay}:meta``: hash, entry id -> small JSON (task id, name, kind, due
-  time, claim tokens issued, the token that took it);
-* ``{P:delay}:msg``: hash, entry id -> the whole message (:class:`.entry.Entry`
-  JSON), deleted when the entry is taken;
-* ``{P:delay}:taken``: sorted set, entry id -> when it was taken, for pruning
-  tombstones after ``tombstone_ttl``.
+* ``due``: sorted set, entry id -> when a mover should next look at it, in milliseconds
+  of the *Redis server's* clock (``TIME``): its due time while parked, the end of its
+  lease while claimed, its re-check time once released;
+* ``meta``: hash, entry id -> small JSON (task id, name, kind, due time, claim tokens
+  issued, the token that took it);
+* ``msg``: hash, entry id -> the whole message (:class:`.entry.Entry` JSON), deleted when
+  the entry is taken;
+* ``taken``: sorted set, entry id -> when it was taken, for pruning tombstones after
+  ``tombstone_ttl``;
+* ``released``: sorted set, entry id -> when it was published, until a worker takes it
+  (how far the workers are behind: movers publish a herd ahead only while they keep up).
 
 Every time is read from the server, so workers whose clocks disagree agree on
 when an entry is due; results are returned as seconds from now. No Celery import.
@@ -31,6 +33,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Iterable
 from typing import Any, cast
 
 import redis
@@ -39,6 +43,7 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from ..scripts import NOW, load, register
 from ..store.client import LazyCluster, StoreClient
 from .entry import Entry
+from .shards import MAX_SHARDS, Shard, first_shard, layout, shard_named, shard_of
 from .store import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
 
 __all__ = ["ParkNotReplicated", "RedisDelayStore", "delay_keys"]
@@ -83,9 +88,12 @@ class _DrainingScript:
 
 
 def delay_keys(prefix: str) -> dict[str, str]:
-    """The store's keys under *prefix*, all in one hash tag."""
-    tag = "{" + prefix + ":delay}"
-    return {name: f"{tag}:{name}" for name in ("due", "meta", "msg", "taken")}
+    """The keys of the store's first shard under *prefix* (a store of one shard)."""
+    return first_shard(prefix).keys
+
+
+#: Seconds between two reads of the shard counts the store's workers use.
+LAYOUTS_REFRESH = 30.0
 
 
 #: Drop an entry whatever its state (``scripts/delay_discard.lua``). A script, not MULTI: one
@@ -113,7 +121,8 @@ class ParkNotReplicated(redis.RedisError):
 
 
 class RedisDelayStore:
-    """:class:`~.store.DelayStore` on *client*'s Redis, keys under *prefix*."""
+    """:class:`~.store.DelayStore` on *client*'s Redis, keys under *prefix*, entries spread
+    over *shards* shards (:mod:`.shards`)."""
 
     def __init__(
         self,
@@ -123,9 +132,14 @@ class RedisDelayStore:
         *,
         replicas: int = 0,
         replica_wait: float = 1.0,
+        shards: int = 1,
     ) -> None:
         self.client = client
-        self.keys = delay_keys(prefix)
+        self.prefix = prefix
+        #: the shards this store parks in
+        self.layout = layout(prefix, shards)
+        #: the shard counts every worker of the store uses, registered under the first shard
+        self.layouts_key = first_shard(prefix).key("layouts")
         self.tombstone_ttl = tombstone_ttl
         #: replicas that must acknowledge a park (``WAIT``) before it counts; 0: no ``WAIT``
         self.replicas = replicas
@@ -137,17 +151,35 @@ class RedisDelayStore:
         self._take = _DrainingScript(client, TAKE)
         self._discard = register(client, DISCARD)
         self._hurry = register(client, HURRY)
+        self._registered = len(self.layout) == 1
+        self._known: tuple[Shard, ...] = (first_shard(prefix), *self.layout)
+        self._known_at = -math.inf
+        self._turn = 0
 
-    @property
-    def _all(self) -> list[str]:
-        k = self.keys
-        return [k["due"], k["meta"], k["msg"], k["taken"]]
+    def shards(self) -> tuple[Shard, ...]:
+        """Every shard that may hold entries: the first (earlier releases parked there),
+        this store's and those of every shard count a worker of the store parks with."""
+        now = time.monotonic()
+        if now - self._known_at >= LAYOUTS_REFRESH:
+            counts = sorted(
+                int(c) for c in self.client.smembers(self.layouts_key)
+                if str(c).isdecimal() and 1 < int(c) <= MAX_SHARDS
+            )  # fmt: skip
+            found = [first_shard(self.prefix), *self.layout]
+            found += [shard for count in counts for shard in layout(self.prefix, count)]
+            self._known = tuple(dict.fromkeys(found))
+            self._known_at = now
+        return self._known
 
     def park(self, entry_id: str, entry: Entry, delay: float) -> bool:
         """Store *entry*; ``False`` if known already. With :attr:`replicas`, only once that
         many replicas acknowledged it, else :class:`ParkNotReplicated` (entry withdrawn)."""
+        if not self._registered:  # movers of a store of fewer shards read these too
+            self.client.sadd(self.layouts_key, len(self.layout))
+            self._registered = True
         delay_ms = max(0, min(_whole_ms(delay), 10 * 365 * 86400 * 1000))
-        keys = self._all[:3]
+        k = shard_of(entry_id, self.layout).keys
+        keys = [k["due"], k["meta"], k["msg"]]
         args: list[str | int] = [entry_id, delay_ms, json.dumps(entry.meta()), entry.dumps()]
         if self.replicas <= 0:
             return bool(self._park(keys=keys, args=args))
@@ -189,65 +221,111 @@ class RedisDelayStore:
             break
         return bool(parked), int(acked)
 
+    def _by_id(self, entry_id: str) -> list[Shard]:
+        """The shards an entry may be in: where this store parks it first."""
+        home = shard_of(entry_id, self.layout)
+        return [home, *(s for s in self.shards() if s != home)]
+
     def hurry(self, entry_id: str) -> bool:
         """Make a parked entry due now; ``False`` when unknown or already on its way."""
-        return bool(self._hurry(keys=self._all[:2], args=[entry_id]))
+        for shard in self._by_id(entry_id):
+            k = shard.keys
+            if self._hurry(keys=[k["due"], k["meta"]], args=[entry_id]):
+                return True
+        return False
 
-    def claim(self, lead: float, lease: float, tokens: list[str]) -> Claimed:
-        reply = cast(
-            "list[Any]",
-            self._claim(
-                keys=self._all,
-                args=[int(lead * 1000), int(lease * 1000), int(self.tombstone_ttl * 1000),
-                      MAX_TOKENS, *tokens],
-            ),
-        )  # fmt: skip
-        next_ms = int(reply[0])
-        items = [
-            Claim(
-                entry_id=str(reply[i]),
-                token=str(reply[i + 1]),
-                attempt=int(reply[i + 2]),
-                raw=str(reply[i + 3]),
-                due_in=int(reply[i + 4]) / 1000,
-            )
-            for i in range(1, len(reply), 5)
-        ]
-        return Claimed(items, None if next_ms < 0 else next_ms / 1000)
+    def claim(
+        self, lead: float, lease: float, tokens: list[str], lookahead: float = 0.0,
+        window: int = 0, pace: float = 0.0,
+    ) -> Claimed:  # fmt: skip
+        """Claim up to ``len(tokens)`` entries, shard after shard (each mover starting at
+        another one); see ``scripts/delay_claim.lua``."""
+        shards = self.shards()
+        start = self._turn % len(shards)
+        self._turn += 1
+        items: list[Claim] = []
+        next_in: float | None = None
+        fixed = [int(lead * 1000), int(lease * 1000), int(self.tombstone_ttl * 1000),
+                 MAX_TOKENS, int(lookahead * 1000), window, pace]  # fmt: skip
+        for shard in shards[start:] + shards[:start]:
+            left = tokens[len(items) :]
+            if not left:
+                break
+            k = shard.keys
+            reply = cast("list[Any]", self._claim(
+                keys=[k["due"], k["meta"], k["msg"], k["taken"], k["released"]],
+                args=[*fixed, *(shard.token(t) for t in left)],
+            ))  # fmt: skip
+            next_ms = int(reply[0])
+            if next_ms >= 0:
+                next_in = next_ms / 1000 if next_in is None else min(next_in, next_ms / 1000)
+            items += [
+                Claim(entry_id=str(reply[i]), token=str(reply[i + 1]),
+                      attempt=int(reply[i + 2]), raw=str(reply[i + 3]),
+                      due_in=int(reply[i + 4]) / 1000)
+                for i in range(1, len(reply), 5)
+            ]  # fmt: skip
+        return Claimed(items, next_in)
 
     def release(self, entry_id: str, token: str, recheck: float) -> bool:
-        reply = self._release(
-            keys=[self.keys["due"], self.keys["meta"]],
-            args=[entry_id, token, int(recheck * 1000)],
-        )
-        return bool(reply)
+        return self.release_all([(entry_id, token)], recheck) == 1
+
+    def release_all(self, published: Iterable[tuple[str, str]], recheck: float) -> int:
+        """Record that each ``(entry id, claim token)`` was published: one script call per
+        shard. How many were recorded."""
+        by_shard: dict[Shard, list[str]] = {}
+        for entry_id, token in published:
+            shard = shard_named(self.prefix, token)
+            if shard is not None:
+                by_shard.setdefault(shard, []).extend((entry_id, token))
+        recorded = 0
+        for shard, pairs in by_shard.items():
+            k = shard.keys
+            recorded += int(self._release(keys=[k["due"], k["meta"], k["released"]],
+                                          args=[int(recheck * 1000), *pairs]))  # fmt: skip
+        return recorded
 
     def take(self, entry_id: str, task_id: str, token: str) -> Taken:
-        reply = cast("list[Any]", self._take(keys=self._all, args=[entry_id, task_id, token]))
+        shard = shard_named(self.prefix, token)
+        if shard is None:  # a token no shard issued (a forged header)
+            return Taken(Take.UNKNOWN)
+        k = shard.keys
+        reply = cast("list[Any]", self._take(
+            keys=[k["due"], k["meta"], k["msg"], k["taken"], k["released"]],
+            args=[entry_id, task_id, token],
+        ))  # fmt: skip
         return Taken(Take(int(reply[0])), int(reply[1]) / 1000, str(reply[2]))
 
     def discard(self, entry_id: str) -> None:
-        self._discard(keys=[self.keys["due"], self.keys["meta"], self.keys["msg"]], args=[entry_id])
+        for shard in self._by_id(entry_id):
+            k = shard.keys
+            self._discard(keys=[k["due"], k["meta"], k["msg"], k["released"]], args=[entry_id])
 
     def depth(self) -> int:
         """Entries not yet taken (parked, claimed or released, waiting for a worker)."""
-        return int(self.client.zcard(self.keys["due"]))
+        return sum(self.shard_depths().values())
+
+    def shard_depths(self) -> dict[str, int]:
+        """Entries not yet taken, per shard (by name; the first shard is ``"0"``)."""
+        return {shard.name or "0": int(self.client.zcard(shard.key("due")))
+                for shard in self.shards()}  # fmt: skip
 
     def summary(self) -> dict[str, TaskSummary]:
-        """Walks the meta hash (for the CLI; not on any task's path)."""
+        """Walks the meta hashes (for the CLI; not on any task's path)."""
         now_s, now_us = self.client.time()
         now = now_s * 1000 + now_us // 1000
         out: dict[str, TaskSummary] = {}
-        for _entry_id, raw in self.client.hscan_iter(self.keys["meta"], count=1000):
-            try:
-                meta = json.loads(raw)
-                if meta.get("x"):
+        for shard in self.shards():
+            for _entry_id, raw in self.client.hscan_iter(shard.key("meta"), count=1000):
+                try:
+                    meta = json.loads(raw)
+                    if meta.get("x"):
+                        continue
+                    name, due = str(meta["n"]), int(meta["d"])
+                except (ValueError, TypeError, KeyError, AttributeError):
                     continue
-                name, due = str(meta["n"]), int(meta["d"])
-            except (ValueError, TypeError, KeyError, AttributeError):
-                continue
-            entry = out.setdefault(name, TaskSummary())
-            entry.parked += 1
-            due_in = (due - now) / 1000
-            entry.next_in = due_in if entry.next_in is None else min(entry.next_in, due_in)
+                entry = out.setdefault(name, TaskSummary())
+                entry.parked += 1
+                due_in = (due - now) / 1000
+                entry.next_in = due_in if entry.next_in is None else min(entry.next_in, due_in)
         return out

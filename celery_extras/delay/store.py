@@ -9,6 +9,12 @@ waiting message in memory and no leader is needed:
 * **claim** hands each due entry (due within *lead* seconds) to one mover with
   a fresh claim token and a lease: until the lease ends no other mover gets it;
   after that (the mover died) any mover claims it again, with another token.
+  ETA and retry entries due within a longer *lookahead* are claimed too when
+  they belong to a herd (more entries are due up to :data:`HERD_WIDTH` after
+  their time than workers take at *pace* per second meanwhile), while fewer
+  than *window* published entries wait to be taken: a herd due at once reaches
+  the workers' timers ahead of its time, as Celery's own ETA tasks do, and a
+  steady stream is never published early.
 * **release** tells the store that the claimed entry was published. The entry
   stays until a worker *takes* it; if none has after *recheck* seconds (the
   broker lost the message), it is due again and published again.
@@ -30,13 +36,24 @@ in a dict and is the reference the Redis scripts
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
 from .entry import Entry
 
-__all__ = ["MAX_TOKENS", "Claim", "Claimed", "DelayStore", "Take", "Taken", "TaskSummary"]
+__all__ = [
+    "AHEAD_KINDS",
+    "HERD_WIDTH",
+    "MAX_TOKENS",
+    "Claim",
+    "Claimed",
+    "DelayStore",
+    "Take",
+    "Taken",
+    "TaskSummary",
+]
 
 
 class Take(IntEnum):
@@ -85,12 +102,20 @@ class DelayStore(Protocol):
         """Store *entry* due in *delay* seconds; ``False`` if the id is known already."""
         ...
 
-    def claim(self, lead: float, lease: float, tokens: list[str]) -> Claimed:
-        """Claim up to ``len(tokens)`` entries due within *lead* seconds, one token each."""
+    def claim(
+        self, lead: float, lease: float, tokens: list[str], lookahead: float = 0.0,
+        window: int = 0, pace: float = 0.0,
+    ) -> Claimed:  # fmt: skip
+        """Claim up to ``len(tokens)`` entries due within *lead* seconds, one token each,
+        then the ETA and retry entries of a herd due within *lookahead* (see above)."""
         ...
 
     def release(self, entry_id: str, token: str, recheck: float) -> bool:
         """The claim *token* of *entry_id* was published; re-publish after *recheck* s."""
+        ...
+
+    def release_all(self, published: Iterable[tuple[str, str]], recheck: float) -> int:
+        """:meth:`release` for each ``(entry id, token)``, at once; how many were recorded."""
         ...
 
     def take(self, entry_id: str, task_id: str, token: str) -> Taken:
@@ -113,6 +138,12 @@ class DelayStore(Protocol):
         """Parked entries per task name, with the time until the next is due."""
         ...
 
+
+#: Kinds of entries published ahead within the lookahead (their messages carry their ETA).
+AHEAD_KINDS = frozenset({"eta", "retry"})
+
+#: Entries due within this many seconds of each other are one herd (``delay_claim.lua``).
+HERD_WIDTH = 1.0
 
 #: Most claim tokens an entry remembers (each claim adds one; a later one re-publishes).
 MAX_TOKENS = 32

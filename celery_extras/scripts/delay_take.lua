@@ -1,5 +1,5 @@
 -- Follows now_ms.lua; sent after the `#!lua flags=allow-oom` line (see redis_store.py).
--- KEYS: due, meta, msg, taken. ARGV: id, task id, token.
+-- KEYS: due, meta, msg, taken, released. ARGV: id, task id, token.
 -- Returns {status, due in ms, kind}: status 0 unknown, 1 taken, 2 redelivered, 3 duplicate.
 
 local raw = redis.call('HGET', KEYS[2], ARGV[1])
@@ -22,4 +22,5 @@ redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(m))
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[4], now, ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
 return {1, due_in, kind}

@@ -49,6 +49,7 @@ __all__ = [
 SIMULATED_SETTINGS = {
     "extras_limit_max_hold": 0.0,
     "extras_delay_lead": 0.0,
+    "extras_delay_lookahead": 0.0,
     "extras_eta_store": True,
     "extras_eta_threshold": 0.0,
 }

@@ -9,7 +9,9 @@ DEMO_MODULES: tuple[str, ...] = (
     "example_project.demos.basics",
     "example_project.demos.stats",
     "example_project.demos.policies",
+    "example_project.demos.concurrency",
     "example_project.demos.coalesce",
+    "example_project.demos.herd",
     "example_project.demos.sync",
     "example_project.demos.consumer",
 )

@@ -7,6 +7,7 @@ to move (delays of 0 or far in the future, leases and re-checks of 0).
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import redis
 
 from celery_extras.delay.memory_store import MemoryDelayStore
 from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
+from celery_extras.delay.shards import first_shard, layout
 from celery_extras.delay.store import DelayStore, Take
 from celery_extras.store.client import connect
 from tests.support.brokers import REDIS_URL, require_broker
@@ -134,8 +136,8 @@ def test_a_park_no_replica_acknowledges_is_withdrawn_then_parks_anew(
     plain = RedisDelayStore(client, prefix)
     with pytest.raises(ParkNotReplicated, match="0 of 1 replica"):
         waiting.park("e1", make_entry("t1"), 0.0)
-    assert plain.depth() == 0 and client.hlen(plain.keys["meta"]) == 0
-    assert client.hlen(plain.keys["msg"]) == 0
+    assert plain.depth() == 0 and client.hlen(delay_keys(prefix)["meta"]) == 0
+    assert client.hlen(delay_keys(prefix)["msg"]) == 0
     assert plain.park("e1", make_entry("t1"), 0.0) is True
     assert RedisDelayStore(client, prefix, replicas=0).park("e1", make_entry("t1"), 0.0) is False
 
@@ -154,3 +156,118 @@ def test_a_park_claimed_or_taken_before_its_withdrawal_stands(
     assert plain.take("e1", "t1", claim.token).status is Take.TAKEN
     assert waiting.park("e1", make_entry("t1"), 0.0) is False
     assert plain.take("e1", "t1", claim.token).status is Take.REDELIVERED
+
+
+# -- shards ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def sharded(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
+    """A store client (the shared Redis, the private 3-master cluster) and a fresh prefix;
+    every key of the prefix, in any shard, deleted afterwards."""
+    client: Any
+    if request.param == "redis-cluster":
+        topology: RedisClusterTopology = request.getfixturevalue("redis_cluster_topology")
+        client = connect(topology.url, {})
+    else:
+        require_broker("redis")
+        client = connect(REDIS_URL, {})
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    yield client, prefix
+    for count in (1, 3, 4):
+        for shard in layout(prefix, count):
+            client.delete(*shard.keys.values())
+    client.delete(first_shard(prefix).key("layouts"))
+
+
+def test_a_sharded_store_spreads_entries_and_runs_each_once(sharded: tuple[Any, str]) -> None:
+    client, prefix = sharded
+    store = RedisDelayStore(client, prefix, shards=4)
+    for i in range(200):
+        assert store.park(f"e{i}", make_entry(f"t{i}"), 0.0) is True
+    depths = store.shard_depths()
+    assert sum(depths.values()) == store.depth() == 200
+    assert depths["0"] == 0 and all(depths[f"4.{i}"] > 20 for i in range(4)), depths
+    claimed = store.claim(0.0, 30.0, tokens(300)).items
+    assert sorted(c.entry_id for c in claimed) == sorted(f"e{i}" for i in range(200))
+    assert {c.token.partition("/")[0] for c in claimed} == {"4.0", "4.1", "4.2", "4.3"}
+    assert store.claim(0.0, 30.0, tokens(300, 300)).items == []  # leased, in every shard
+    assert store.release_all([(c.entry_id, c.token) for c in claimed], 600.0) == 200
+    for c in claimed:
+        assert store.take(c.entry_id, f"t{c.entry_id[1:]}", c.token).status is Take.TAKEN
+        assert store.take(c.entry_id, f"t{c.entry_id[1:]}", c.token).status is Take.REDELIVERED
+    assert store.depth() == 0
+    assert store.take("e1", "t1", "9.9/tok").status is Take.UNKNOWN  # no such shard
+    assert store.take("e1", "t1", "4.7/tok").status is Take.UNKNOWN
+
+
+def test_entries_of_another_shard_count_are_released_across_the_change(
+    sharded: tuple[Any, str],
+) -> None:
+    """An upgrade (1 shard, the store of earlier releases, to 4) and a change back (4 to 1):
+    what the former layout holds is claimed and taken, and a message released under it
+    (its token naming its shard, or none) is taken by a store of the new layout."""
+    client, prefix = sharded
+    one, four = RedisDelayStore(client, prefix), RedisDelayStore(client, prefix, shards=4)
+    one.park("old", make_entry("t-old"), 0.0)
+    (in_flight,) = one.claim(0.0, 30.0, ["legacy"]).items  # published before the upgrade
+    assert in_flight.token == "legacy"  # the first shard's tokens name no shard
+    one.park("old2", make_entry("t-old2"), 0.0)
+    four.park("new", make_entry("t-new"), 0.0)  # registers the 4 shards
+    assert four.take("old", "t-old", in_flight.token).status is Take.TAKEN
+    claimed = {c.entry_id: c for c in four.claim(0.0, 30.0, tokens(5)).items}
+    assert sorted(claimed) == ["new", "old2"]
+    assert four.take("old2", "t-old2", claimed["old2"].token).status is Take.TAKEN
+    # back to one shard: a worker of the old setting finds the 4 shards registered
+    four.park("new2", make_entry("t-new2"), 0.0)
+    back = RedisDelayStore(client, prefix)
+    assert back.depth() == 2
+    (again,) = back.claim(0.0, 30.0, tokens(5, 5)).items
+    assert again.entry_id == "new2" and again.token.startswith("4.")
+    assert back.take("new", "t-new", claimed["new"].token).status is Take.TAKEN
+    assert back.take("new2", "t-new2", again.token).status is Take.TAKEN
+    assert back.depth() == four.depth() == 0
+
+
+def test_shards_spread_evenly_over_the_masters_of_a_cluster(
+    redis_cluster_topology: RedisClusterTopology,
+) -> None:
+    """Each shard's hash tag falls in its own slice of the slots: 3 shards on a 3-master
+    cluster, one per master; 12 shards, four per master."""
+    client = connect(redis_cluster_topology.url, {})
+    for count in (3, 12):
+        masters = Counter(
+            client.get_node_from_key(shard.key("due")).port for shard in layout("p", count)
+        )
+        assert len(masters) == 3 and set(masters.values()) == {count // 3}, masters
+
+
+# -- herds -----------------------------------------------------------------------------------
+
+
+def test_a_herd_is_claimed_ahead_of_its_time_at_the_workers_pace(store: DelayStore) -> None:
+    """ETA and retry entries are claimed within the lookahead when more are due up to their
+    time than workers take at the pace meanwhile: a sparse stream is not; a herd is, with
+    the stream behind it, but not a limited task's entry; and no more while as many as the
+    window wait to be taken."""
+    for i in range(10):  # a stream, one every 10 s
+        store.park(f"s{i}", make_entry(f"ts{i}", kind="eta"), 105.0 + 10 * i)
+    assert store.claim(1.0, 30.0, tokens(100), 200.0, 10, 0.1).items == []  # i+1 in 105+10i s
+    for i in range(50):
+        store.park(f"h{i}", make_entry(f"t{i}", kind="eta" if i % 2 else "retry"), 100.0)
+    store.park("slot", make_entry("t-slot", kind="limit"), 100.0)
+    assert store.claim(1.0, 30.0, tokens(100), 200.0, 10, 1.0).items == []  # 51 in 100 s: 1/s
+    assert store.claim(1.0, 30.0, tokens(100), 0.0, 10, 0.1).items == []  # no lookahead
+    herd = store.claim(1.0, 30.0, tokens(100), 200.0, 10, 0.1).items  # 51 in 100 s: 0.1/s
+    expected = [f"h{i}" for i in range(50)] + [f"s{i}" for i in range(10)]
+    assert sorted(c.entry_id for c in herd) == sorted(expected)
+    assert all(99.0 < c.due_in <= 100.0 for c in herd if c.entry_id.startswith("h"))
+    assert store.release_all([(c.entry_id, c.token) for c in herd], 600.0) == 60
+    for i in range(10):
+        store.park(f"late{i}", make_entry(f"tl{i}", kind="eta"), 100.0)
+    assert store.claim(1.0, 30.0, tokens(100, 200), 200.0, 10, 0.1).items == []  # 60 in flight
+    for c in herd[:55]:
+        task_id = ("t" if c.entry_id[0] == "h" else "ts") + c.entry_id[1:]
+        assert store.take(c.entry_id, task_id, c.token).status is Take.TAKEN
+    late = store.claim(1.0, 30.0, tokens(100, 300), 200.0, 10, 0.1).items  # 5 in flight
+    assert sorted(c.entry_id for c in late) == sorted(f"late{i}" for i in range(10))

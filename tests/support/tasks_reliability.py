@@ -13,6 +13,7 @@ from .journal import Journal
 
 __all__ = [
     "bad_key",
+    "herd",
     "limited",
     "retried",
     "retried_in_outage",
@@ -28,6 +29,19 @@ def _journal(task: Task) -> Journal:
 
 def _note(task: Task, **fields: Any) -> None:
     _journal(task).note(task, **fields)
+
+
+_journals: dict[str, Journal] = {}
+
+
+@shared_task(bind=True, name="tests.reliability.herd", acks_late=True)
+def herd(self: Task, tag: Any = None) -> Any:
+    """A member of a herd of ETA tasks: journalled on one connection per pool process (a
+    connection per task would make the journal, not the worker, the bottleneck)."""
+    ns = self.app.main or "extras-test"
+    journal = _journals.get(ns) or _journals.setdefault(ns, Journal(ns))
+    journal.note(self, tag=tag, outcome="done")
+    return tag
 
 
 @limit("10/s", burst=2, scope="global")

@@ -19,7 +19,13 @@ from redis.exceptions import NoScriptError
 
 import celery_extras
 from celery_extras.delay.parking import REPLICA_RETRY, Parker, park_replicas
-from celery_extras.delay.redis_store import PARK, WITHDRAW, ParkNotReplicated, RedisDelayStore
+from celery_extras.delay.redis_store import (
+    PARK,
+    WITHDRAW,
+    ParkNotReplicated,
+    RedisDelayStore,
+    delay_keys,
+)
 from celery_extras.store.client import LazyCluster
 from tests.support.clock import FakeClock
 from tests.unit.test_delay_core import make_entry
@@ -106,7 +112,9 @@ def test_a_park_a_replica_acknowledged_counts_after_one_round_trip() -> None:
     assert store.park("e1", make_entry(), 5.0) is True
     assert store.park("e1", make_entry(), 5.0) is False  # known, and acknowledged: it stands
     (evalsha, wait) = client.pipelines[0]
-    assert evalsha[:3] == ("EVALSHA", store._park.sha, 3) and evalsha[3:6] == tuple(store._all[:3])
+    assert evalsha[:3] == ("EVALSHA", store._park.sha, 3) and evalsha[3:6] == tuple(
+        delay_keys("p")[k] for k in ("due", "meta", "msg")
+    )
     assert evalsha[6:9] == ("", "e1", 5000)  # the time first: "" is the server's own
     assert wait == ("WAIT", 1, 250)
     assert client.calls == []  # nothing withdrawn
@@ -160,7 +168,7 @@ def test_on_a_cluster_wait_goes_to_the_node_holding_the_keys() -> None:
     store = store_on(client)
     assert store.park("e1", make_entry(), 5.0) is True
     wait = client.pipelines[0][1]
-    assert wait == ("WAIT", 1, 250, {"target_nodes": f"node-of:{store.keys['due']}"})
+    assert wait == ("WAIT", 1, 250, {"target_nodes": f"node-of:{delay_keys('p')['due']}"})
 
 
 # -- Parker: the failure path -----------------------------------------------------------------

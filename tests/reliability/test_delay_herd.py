@@ -1,0 +1,112 @@
+"""Herds: thousands of ETA tasks due at the same instant, parked in the delay store and
+released by the movers of two workers, while the test SIGKILLs the worker whose mover is
+releasing, again and again. Every task runs, once."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Cluster, restartable_cluster
+from tests.support.brokers import Restartable
+from tests.support.journal import Journal
+from tests.support.workers import WorkerProcess, wait_for
+
+from .test_delay_faults import done_ids, finished_just_before_a_kill
+
+INCLUDE = ("tests.support.tasks_reliability",)
+HERD = "tests.reliability.herd"  # acks_late, journals "done"
+
+
+def send_herd(cluster: Cluster, n: int, due_in: float) -> tuple[list[str], float]:
+    """*n* herd tasks, all with the ETA *due_in* s from now: ``(ids, the ETA as epoch s)``."""
+    due = datetime.now(UTC) + timedelta(seconds=due_in)
+    with cluster.app.producer_or_acquire() as producer:
+        ids = [cluster.app.send_task(HERD, (i,), eta=due, producer=producer).id
+               for i in range(n)]  # fmt: skip
+    assert datetime.now(UTC) < due, f"sending {n} tasks took longer than {due_in} s"
+    return ids, due.timestamp()
+
+
+def parked(cluster: Cluster) -> int:
+    info = cluster.app.control.inspect(timeout=5).stats() or {}
+    return max((w.get("extras_delay", {}).get("depth") or 0 for w in info.values()), default=0)
+
+
+@pytest.mark.exclusive
+@pytest.mark.scenario
+def test_a_herd_of_20000_due_at_once_runs_each_task_once_on_two_workers(
+    cluster: Cluster, journal: Journal
+) -> None:
+    cluster.configure(include=INCLUDE, extras_eta_store=True, extras_eta_threshold=5.0)
+    cluster.worker("w1")
+    cluster.worker("w2")
+    ids, due = send_herd(cluster, 20_000, 75.0)
+    wait_for(lambda: len(journal) >= 20_000, timeout=75 + 300, interval=1.0,
+             what="the herd of 20,000 to run")  # fmt: skip
+    time.sleep(2.0)  # a measurement period: a late second run shows up in it
+    entries = [e for e in journal.entries() if e.get("outcome") == "done"]
+    runs = Counter(e["id"] for e in entries)
+    early = [e for e in entries if e["t"] < due - 0.05]
+    print(f"\nherd of 20,000: {len(runs)} ran, {sum(n - 1 for n in runs.values())} twice, "
+          f"last start {max(e['t'] for e in entries) - due:.1f} s after the ETA, "
+          f"on {len({e['worker'] for e in entries})} workers")  # fmt: skip
+    assert set(runs) == set(ids)
+    assert all(n == 1 for n in runs.values())
+    assert early == [], f"{len(early)} ran before their ETA"
+
+
+@pytest.mark.exclusive
+@pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
+def test_sigkill_of_the_releasing_worker_again_and_again_loses_no_task_of_a_herd(
+    kind: str, ns: str, tmp_path: Path, journal: Journal
+) -> None:
+    with restartable_cluster(kind, ns, tmp_path) as (cluster, broker):
+        kill_while_releasing(cluster, journal, broker)
+
+
+def kill_while_releasing(cluster: Cluster, journal: Journal, broker: Restartable) -> None:
+    """A herd of 3,000 parked, due at once; each time a share of it ran, the worker that
+    released last (its mover mid-batch) is killed and another started."""
+    cluster.configure(
+        include=INCLUDE,
+        extras_eta_store=True,
+        extras_eta_threshold=2.0,
+        extras_delay_lease=2.0,  # a killed mover's claims come back after 2 s
+        extras_delay_batch=50,
+        broker_transport_options={"visibility_timeout": 5, "unacked_restore_interval": 1},
+    )
+    workers = {name: cluster.worker(name) for name in ("w1", "w2")}
+    ids, _due = send_herd(cluster, 3000, 20.0)
+    wait_for(lambda: parked(cluster) >= 2500, timeout=60, interval=0.5,
+             what="the herd to be parked")  # fmt: skip
+    kills: list[tuple[WorkerProcess, float]] = []
+    for round_, share in enumerate((300, 1000, 1700)):
+        wait_for(lambda n=share: len(done_ids(journal)) >= n, timeout=120, interval=0.1,
+                 what=f"{share} tasks done")  # fmt: skip
+        last = max(journal.entries()[-50:], key=lambda e: e["t"])["worker"]
+        name = next(n for n, w in workers.items() if w.hostname == last)
+        victim = workers.pop(name)
+        victim.kill()  # its claims, published and not, its timer and its running tasks die
+        kills.append((victim, time.time()))
+        workers[f"k{round_}"] = cluster.worker(f"k{round_}")
+
+    def settled() -> tuple[Counter[str], Counter[str]] | None:
+        done, lost = done_ids(journal), broker.lost_in_transit()
+        return (done, lost) if set(ids) - done.keys() <= lost.keys() else None
+
+    done, lost = wait_for(settled, timeout=240, interval=0.5,
+                          what="every task of the herd to run after the kills")  # fmt: skip
+    twice = {task_id: n for task_id, n in done.items() if n > 1}
+    unacked = {t for t in twice if finished_just_before_a_kill(journal, t, kills)}
+    print(f"\n{cluster.broker.split(':')[0]}: {len(done.keys() & set(ids))} of 3,000 done, "
+          f"{sum(lost.values())} lost by the Redis transport in flight, {len(twice)} twice "
+          f"({len(unacked)} finished in a worker killed before it acked them)")  # fmt: skip
+    assert set(twice) == unacked, twice
+    # kombu's Redis transport may lose what a killed worker's BRPOP popped as it died
+    # (kombu #305): at most one per consumed queue (the queue and its due queue) per kill.
+    assert sum(lost.values()) <= 2 * 3, lost
