@@ -57,8 +57,11 @@ def herd(plain: bool, n: int, workers: int = 1) -> tuple[float, int, int, int]:
         runs = Counter(e["tag"] for e in entries)
         last = max(e["t"] for e in entries)
         assert run.sampler is not None
-        return last - due, run.sampler.peak_kb(due - 5), len(runs), sum(
-            1 for c in runs.values() if c > 1
+        return (
+            last - due,
+            run.sampler.peak_kb(due - 5),
+            len(runs),
+            sum(1 for c in runs.values() if c > 1),
         )
 
 

@@ -327,6 +327,8 @@ def delayed_command(ctx: click.Context, as_json: bool) -> None:
     risk = f", may evict {', '.join(store['at_risk'])}" if store["at_risk"] else ""
     click.echo(f"delay store: {listing['depth']} entries waiting "
                f"(maxmemory-policy {store['policy']}{risk})")  # fmt: skip
+    if len(listing["shards"]) > 1:
+        click.echo("  per shard: " + ", ".join(f"{n} {d}" for n, d in listing["shards"].items()))
     if store.get("parking") == "refused":
         click.echo("  nothing is parked there: set maxmemory-policy noeviction, or "
                    "extras_store_allow_eviction = True")  # fmt: skip

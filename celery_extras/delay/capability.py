@@ -52,17 +52,20 @@ def _left_parked(parker: Parker) -> str | None:
 
 
 def delayed(app: Celery) -> dict[str, Any]:
-    """What the delay store holds and who releases it: ``{"depth", "tasks": {name:
-    {"parked", "next_due_in"}}, "uses", "due_queues", "store"}``: why the app parks, the
-    due queues its workers consume for that, and the store's eviction policy."""
+    """What the delay store holds and who releases it: ``{"depth", "shards": {shard:
+    depth}, "tasks": {name: {"parked", "next_due_in"}}, "uses", "due_queues", "store"}``:
+    why the app parks, the due queues its workers consume for that, and the store's
+    eviction policy."""
     parker = Parker(app)
     store = parker.store
     summary = store.summary()
     app.loader.import_default_modules()  # the task modules a worker imports (include, imports)
     uses = parking_uses(app)
     parker.safety.check()  # read now, not the cached verdict of an earlier call
+    shards = store.shard_depths()
     return {
-        "depth": store.depth(),
+        "depth": sum(shards.values()),
+        "shards": shards,
         "tasks": {
             name: {"parked": s.parked, "next_due_in": s.next_in}
             for name, s in sorted(summary.items())

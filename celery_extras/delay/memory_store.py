@@ -136,6 +136,9 @@ class MemoryDelayStore:
     def depth(self) -> int:
         return sum(1 for r in self.records.values() if r.taken_by is None)
 
+    def shard_depths(self) -> dict[str, int]:
+        return {"0": self.depth()}
+
     def summary(self) -> dict[str, TaskSummary]:
         now = self.clock()
         out: dict[str, TaskSummary] = {}

@@ -134,6 +134,10 @@ class DelayStore(Protocol):
         """Entries parked and not yet taken."""
         ...
 
+    def shard_depths(self) -> dict[str, int]:
+        """:meth:`depth` per shard, by name (``"0"``: the first)."""
+        ...
+
     def summary(self) -> dict[str, TaskSummary]:
         """Parked entries per task name, with the time until the next is due."""
         ...

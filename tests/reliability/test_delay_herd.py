@@ -39,14 +39,15 @@ def parked(cluster: Cluster) -> int:
 
 @pytest.mark.exclusive
 @pytest.mark.scenario
+@pytest.mark.timeout(900)
 def test_a_herd_of_20000_due_at_once_runs_each_task_once_on_two_workers(
     cluster: Cluster, journal: Journal
 ) -> None:
     cluster.configure(include=INCLUDE, extras_eta_store=True, extras_eta_threshold=5.0)
     cluster.worker("w1")
     cluster.worker("w2")
-    ids, due = send_herd(cluster, 20_000, 75.0)
-    wait_for(lambda: len(journal) >= 20_000, timeout=75 + 300, interval=1.0,
+    ids, due = send_herd(cluster, 20_000, 60.0)
+    wait_for(lambda: len(journal) >= 20_000, timeout=60 + 600, interval=1.0,
              what="the herd of 20,000 to run")  # fmt: skip
     time.sleep(2.0)  # a measurement period: a late second run shows up in it
     entries = [e for e in journal.entries() if e.get("outcome") == "done"]
@@ -61,6 +62,7 @@ def test_a_herd_of_20000_due_at_once_runs_each_task_once_on_two_workers(
 
 
 @pytest.mark.exclusive
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_sigkill_of_the_releasing_worker_again_and_again_loses_no_task_of_a_herd(
     kind: str, ns: str, tmp_path: Path, journal: Journal
