@@ -21,6 +21,7 @@ BENCHES: tuple[str, ...] = (
     "concurrency",
     "coalesce",
     "delay",
+    "delay_scale",
     "sync",
     "consumer",
     "store",
