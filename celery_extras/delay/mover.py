@@ -44,7 +44,7 @@ class Mover:
         batch: int = 100,
         poll: float = 0.5,
         on_released: Callable[[Entry, Claim], None] | None = None,
-        new_token: Callable[[], str] = lambda: secrets.token_hex(16),
+        new_token: Callable[[], str] = lambda: secrets.token_hex(8),
     ) -> None:
         self.store = store
         self.publish = publish

@@ -9,6 +9,7 @@ answer, the thread waits ``extras_limit_store_retry`` seconds and tries again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -28,13 +29,17 @@ __all__ = ["MoverThread", "app_mover", "lookahead", "publish_entry"]
 logger = logging.getLogger("celery_extras.delay.gate")
 
 
+#: Due queues by name, built once (a herd is thousands of publishes to one).
+_due_queue = functools.lru_cache(maxsize=1024)(due_queue)
+
+
 def publish_entry(app: Celery, entry: Entry, claim: Claim) -> None:
     """Publish a claimed entry to the due queue of its queue (or its own route). A due
     queue is reached through the default exchange, by name: on Redis that is one ``LPUSH``,
     where its own exchange costs a read of the exchange's bindings first."""
     headers = {**entry.headers, PARKED_HEADER: claim.entry_id, CLAIM_HEADER: claim.token}
     if entry.queue:
-        queue = due_queue(entry.queue)
+        queue = _due_queue(entry.queue)
         exchange, routing_key, declare = "", queue.name, [queue]
     else:
         exchange, routing_key, declare = entry.exchange, entry.routing_key, []
