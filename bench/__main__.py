@@ -22,6 +22,7 @@ BENCHES: tuple[str, ...] = (
     "coalesce",
     "delay",
     "delay_scale",
+    "herd",
     "sync",
     "consumer",
     "store",

@@ -198,7 +198,7 @@ DELAY = Capability(
         ),
         Setting(
             "delay_herd_rate",
-            200.0,
+            100.0,
             number(above=0),
             "float",
             "Tasks per second the workers are counted on to take when a herd falls due: a "
