@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from celery import Celery
 from kombu.transport.virtual import Channel
@@ -26,7 +26,8 @@ from .. import compat
 from ..admission.pipeline import PIPELINE_ATTR
 from ..delay.mover_thread import app_mover
 from ..delay.parking import Parker
-from ..delay.redis_store import delay_keys
+from ..delay.redis_store import RedisDelayStore
+from ..delay.shards import shard_named
 from ..settings import settings_of
 from ..store.client import redis_client, store_key
 
@@ -112,18 +113,21 @@ class SettlingWorker:
         self.parker = Parker(app, settings["delay_tombstone_ttl"])
         self.mover = app_mover(
             app, self.parker, settings, lead=0.0,
-            on_released=lambda entry, claim: self._released.append(claim.entry_id),
+            on_released=lambda entry, claim: self._released.append((claim.entry_id, claim.token)),
         )  # fmt: skip
-        self._released: list[str] = []
-        keys = delay_keys(store_key(app))
-        self._due_key, self._taken_key = keys["due"], keys["taken"]
+        #: (entry id, claim token) released by this worker's mover and not seen taken yet
+        self._released: list[tuple[str, str]] = []
+        self._prefix = store_key(app)
         self._connection = app.connection_for_write()
         hub = getattr(controller, "hub", None)
         self._probe = LoopProbe(hub) if hub is not None else None
 
     def next_due(self) -> float | None:
-        first = redis_client(self.app).zrange(self._due_key, 0, 0, withscores=True)
-        return float(first[0][1]) / 1000.0 if first else None
+        store = cast("RedisDelayStore", self.parker.store)
+        client = redis_client(self.app)
+        firsts = [client.zrange(shard.key("due"), 0, 0, withscores=True)
+                  for shard in store.shards()]  # fmt: skip
+        return min((float(f[0][1]) / 1000.0 for f in firsts if f), default=None)
 
     def release_due(self) -> None:
         while self.mover.run_once() == 0.0:  # a full batch: more may be due
@@ -155,13 +159,16 @@ class SettlingWorker:
                     return
                 time.sleep(_QUIET_EVERY)
 
+    def _taken(self, client: Any, entry_id: str, token: str) -> bool:
+        shard = shard_named(self._prefix, token)
+        return shard is None or client.zscore(shard.key("taken"), entry_id) is not None
+
     def _busy(self) -> str:
         """What keeps the worker busy now, or ``""``."""
         client = redis_client(self.app)
         if self._released:
-            taken = client.zmscore(self._taken_key, self._released)
-            self._released = [e for e, score in zip(self._released, taken, strict=True)
-                              if score is None]  # fmt: skip
+            self._released = [(entry_id, token) for entry_id, token in self._released
+                              if not self._taken(client, entry_id, token)]  # fmt: skip
             if self._released:
                 return f"{len(self._released)} released task(s) not taken yet"
         running, reserved = compat.active_requests(), compat.reserved_requests()

@@ -42,9 +42,9 @@ def store(request: pytest.FixtureRequest) -> Iterator[DelayStore]:
 
 
 @pytest.fixture(params=["redis", "redis-cluster"])
-def unreplicated(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
+def on_redis(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
     """A store client on a Redis without replicas (the shared one, the private cluster's
-    masters) and a fresh prefix."""
+    masters) and a fresh prefix; every key of the prefix, in any shard, deleted after."""
     client: Any
     if request.param == "redis-cluster":
         topology: RedisClusterTopology = request.getfixturevalue("redis_cluster_topology")
@@ -54,7 +54,10 @@ def unreplicated(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
         client = connect(REDIS_URL, {})
     prefix = f"t{uuid.uuid4().hex[:10]}"
     yield client, prefix
-    client.delete(*delay_keys(prefix).values())
+    for count in (1, 3, 4):
+        for shard in layout(prefix, count):
+            client.delete(*shard.keys.values())
+    client.delete(first_shard(prefix).key("layouts"))
 
 
 def test_keys_share_one_hash_tag() -> None:
@@ -127,11 +130,11 @@ def test_garbage_in_the_store_is_dropped_not_fatal() -> None:
 
 
 def test_a_park_no_replica_acknowledges_is_withdrawn_then_parks_anew(
-    unreplicated: tuple[Any, str],
+    on_redis: tuple[Any, str],
 ) -> None:
     """``WAIT 1`` on a master without replicas: the park fails and leaves nothing behind (no
     tombstone), so the same message parked later is stored anew, not taken as known."""
-    client, prefix = unreplicated
+    client, prefix = on_redis
     waiting = RedisDelayStore(client, prefix, replicas=1, replica_wait=0.05)
     plain = RedisDelayStore(client, prefix)
     with pytest.raises(ParkNotReplicated, match="0 of 1 replica"):
@@ -143,11 +146,11 @@ def test_a_park_no_replica_acknowledges_is_withdrawn_then_parks_anew(
 
 
 def test_a_park_claimed_or_taken_before_its_withdrawal_stands(
-    unreplicated: tuple[Any, str],
+    on_redis: tuple[Any, str],
 ) -> None:
     """A mover claimed the entry (a copy may be out) or a worker took it before the park's
     WAIT ended: withdrawing it would let the original run beside that copy."""
-    client, prefix = unreplicated
+    client, prefix = on_redis
     plain = RedisDelayStore(client, prefix)
     waiting = RedisDelayStore(client, prefix, replicas=1, replica_wait=0.05)
     plain.park("e1", make_entry("t1"), 0.0)
@@ -161,27 +164,8 @@ def test_a_park_claimed_or_taken_before_its_withdrawal_stands(
 # -- shards ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["redis", "redis-cluster"])
-def sharded(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
-    """A store client (the shared Redis, the private 3-master cluster) and a fresh prefix;
-    every key of the prefix, in any shard, deleted afterwards."""
-    client: Any
-    if request.param == "redis-cluster":
-        topology: RedisClusterTopology = request.getfixturevalue("redis_cluster_topology")
-        client = connect(topology.url, {})
-    else:
-        require_broker("redis")
-        client = connect(REDIS_URL, {})
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    yield client, prefix
-    for count in (1, 3, 4):
-        for shard in layout(prefix, count):
-            client.delete(*shard.keys.values())
-    client.delete(first_shard(prefix).key("layouts"))
-
-
-def test_a_sharded_store_spreads_entries_and_runs_each_once(sharded: tuple[Any, str]) -> None:
-    client, prefix = sharded
+def test_a_sharded_store_spreads_entries_and_runs_each_once(on_redis: tuple[Any, str]) -> None:
+    client, prefix = on_redis
     store = RedisDelayStore(client, prefix, shards=4)
     for i in range(200):
         assert store.park(f"e{i}", make_entry(f"t{i}"), 0.0) is True
@@ -202,12 +186,12 @@ def test_a_sharded_store_spreads_entries_and_runs_each_once(sharded: tuple[Any, 
 
 
 def test_entries_of_another_shard_count_are_released_across_the_change(
-    sharded: tuple[Any, str],
+    on_redis: tuple[Any, str],
 ) -> None:
     """An upgrade (1 shard, the store of earlier releases, to 4) and a change back (4 to 1):
     what the former layout holds is claimed and taken, and a message released under it
     (its token naming its shard, or none) is taken by a store of the new layout."""
-    client, prefix = sharded
+    client, prefix = on_redis
     one, four = RedisDelayStore(client, prefix), RedisDelayStore(client, prefix, shards=4)
     one.park("old", make_entry("t-old"), 0.0)
     (in_flight,) = one.claim(0.0, 30.0, ["legacy"]).items  # published before the upgrade

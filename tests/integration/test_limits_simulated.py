@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from celery import shared_task
 
-from celery_extras import SimulatedClock, limit
+from celery_extras import SimulatedClock, delayed, limit
 
 
 @limit("20/s")  # the API's quota, for everyone
@@ -48,3 +49,19 @@ def test_one_key_gets_its_own_rate(extras_worker: Any, extras_clock: SimulatedCl
     assert ready(calls) == 5  # at 0, 0.25, 0.5, 0.75 and 1.0 s
     extras_clock.advance(0.75)
     assert ready(calls) == 8
+
+
+@pytest.mark.celery(extras_delay_shards=4)
+def test_a_sharded_store_releases_every_parked_wait_in_time(
+    extras_worker: Any, extras_clock: SimulatedClock
+) -> None:
+    """The same figures with the store in 4 shards: the settling worker finds the next due
+    entry in any shard, and sees each released one taken where it was claimed."""
+    calls = [api_call.delay(f"customer-{i}", i) for i in range(8)]
+    extras_clock.advance(0)
+    assert ready(calls) == 1
+    extras_clock.advance(0.3)
+    assert ready(calls) == 7
+    extras_clock.advance(0.05)
+    assert ready(calls) == 8
+    assert delayed(extras_worker.app)["shards"] == {"0": 0, **{f"4.{i}": 0 for i in range(4)}}

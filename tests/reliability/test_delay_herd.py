@@ -16,7 +16,7 @@ from tests.support.brokers import Restartable
 from tests.support.journal import Journal
 from tests.support.workers import WorkerProcess, wait_for
 
-from .test_delay_faults import done_ids, finished_just_before_a_kill
+from .test_delay_faults import done_ids, ran_once_but_for_kills
 
 INCLUDE = ("tests.support.tasks_reliability",)
 HERD = "tests.reliability.herd"  # acks_late, journals "done"
@@ -97,18 +97,4 @@ def kill_while_releasing(cluster: Cluster, journal: Journal, broker: Restartable
         kills.append((victim, time.time()))
         workers[f"k{round_}"] = cluster.worker(f"k{round_}")
 
-    def settled() -> tuple[Counter[str], Counter[str]] | None:
-        done, lost = done_ids(journal), broker.lost_in_transit()
-        return (done, lost) if set(ids) - done.keys() <= lost.keys() else None
-
-    done, lost = wait_for(settled, timeout=240, interval=0.5,
-                          what="every task of the herd to run after the kills")  # fmt: skip
-    twice = {task_id: n for task_id, n in done.items() if n > 1}
-    unacked = {t for t in twice if finished_just_before_a_kill(journal, t, kills)}
-    print(f"\n{cluster.broker.split(':')[0]}: {len(done.keys() & set(ids))} of 3,000 done, "
-          f"{sum(lost.values())} lost by the Redis transport in flight, {len(twice)} twice "
-          f"({len(unacked)} finished in a worker killed before it acked them)")  # fmt: skip
-    assert set(twice) == unacked, twice
-    # kombu's Redis transport may lose what a killed worker's BRPOP popped as it died
-    # (kombu #305): at most one per consumed queue (the queue and its due queue) per kill.
-    assert sum(lost.values()) <= 2 * 3, lost
+    ran_once_but_for_kills(cluster, journal, broker, ids, kills, timeout=240)
