@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from celery_extras.concurrency.redis_slots import RedisSlots
-from celery_extras.delay.redis_store import RedisDelayStore
+from celery_extras.delay.redis_store import RedisDelayStore, delay_keys
 from celery_extras.limits.redis_bucket import GlobalTokenBucket, Take
 from celery_extras.testing.clock import SimulatedClock
 from tests.support.brokers import REDIS_URL
@@ -44,7 +44,7 @@ def test_a_parked_entry_is_due_on_the_simulated_clock(
 ) -> None:
     store = RedisDelayStore(client, client.prefix)  # type: ignore[attr-defined]
     assert store.park("e1", make_entry(), 3600.0)
-    assert client.zscore(store.keys["due"], "e1") == (START + 3600) * 1000
+    assert client.zscore(delay_keys(client.prefix)["due"], "e1") == (START + 3600) * 1000  # type: ignore[attr-defined]
     assert store.claim(0.0, 10.0, ["tok"]).items == []
     sim.advance(3599.999)
     assert store.claim(0.0, 10.0, ["tok"]).items == []

@@ -40,6 +40,7 @@ def parked(cluster: Cluster) -> int:
 @pytest.mark.exclusive
 @pytest.mark.scenario
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)  # the broker does not matter here
 def test_a_herd_of_20000_due_at_once_runs_each_task_once_on_two_workers(
     cluster: Cluster, journal: Journal
 ) -> None:
