@@ -1,10 +1,10 @@
 """The mover: the loop every worker runs to publish the due entries of a delay store.
 
 Each turn claims a batch of entries due within a lead time (and the ETA and retry entries
-of a herd due within a lookahead, see :mod:`.store`), publishes each
-one through a callable it is given and releases the published ones in one call; an entry
-it cannot publish stays claimed and is claimed again when its lease ends. No Celery
-import: the thread that runs it and the publishing are in :mod:`.mover_thread`.
+of a herd due within a lookahead, see :mod:`.store`), publishes each one through a
+callable it is given and releases the published ones in one call; an entry it cannot
+publish stays claimed and is claimed again when its lease ends. No Celery import: the
+thread that runs it and the publishing are in :mod:`.mover_thread`.
 """
 
 from __future__ import annotations
