@@ -55,11 +55,13 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + lead, 'LI
 end
 if n < limit and ahead > lead and pace > 0 and redis.call('ZCARD', KEYS[5]) < window then
   local found = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. (now + lead), now + ahead,
-                           'WITHSCORES', 'LIMIT', 0, 4 * (limit - n))
+                           'WITHSCORES', 'LIMIT', 0, 2 * (limit - n))
+  local all = redis.call('ZCARD', KEYS[1])
   local counted, before = nil, 0
   for i = 1, #found, 2 do
-    if n >= limit then break end
     local id, score = found[i], tonumber(found[i + 1])
+    -- no entry this far ahead can be in a herd: fewer are parked than the pace takes by then
+    if n >= limit or all <= (score - now) * pace / 1000 then break end
     if score ~= counted then
       counted, before = score, redis.call('ZCOUNT', KEYS[1], '-inf', score + 1000)
     end

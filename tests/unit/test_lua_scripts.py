@@ -37,10 +37,10 @@ SHA1 = {
     "redis_store.PARK": "a454d8e05575a6a00c6fc38e82bf048d2e055408",
     "redis_store.WITHDRAW": "a2ab03c9caf5e25fb9d02c40ed050c71d64cabb0",
     "redis_store.DISCARD": "18b8803c4156e32bc52cfeef7fe033d40c654ee9",
-    "redis_store.CLAIM": "c1144ab17713af30336afa8b0718240c3731acda",
+    "redis_store.CLAIM": "baa8cbc280327220d7630463911088e14e71b76a",
     "redis_store.RELEASE": "2fef3d416f8d7e2005cc760b1b5558e2b5b7e15c",
     "redis_store.TAKE": "aacafe1f72c60e92a993b52b1a702e5bbb827aad",
-    "redis_store.ALLOW_OOM+CLAIM": "4cb5cb4c3218be46cd1e662e4e1989c701e8e821",
+    "redis_store.ALLOW_OOM+CLAIM": "167dee720c72aaa8ae92f2d1ecdf62fd3bac3515",
     "redis_store.ALLOW_OOM+RELEASE": "9ca54ae6873561fa33b4a7d33b39566d9b85b1d6",
     "redis_store.ALLOW_OOM+TAKE": "a167c570bbaeb98b08f21884f1e2b63c1c777dd0",
 }
