@@ -230,8 +230,9 @@ class RedisDelayStore:
         """Make a parked entry due now; ``False`` when unknown or already on its way."""
         for shard in self._by_id(entry_id):
             k = shard.keys
-            if self._hurry(keys=[k["due"], k["meta"]], args=[entry_id]):
-                return True
+            found = int(self._hurry(keys=[k["due"], k["meta"]], args=[entry_id]))
+            if found:  # 1: due now; 2: on its way (no other shard holds it)
+                return found == 1
         return False
 
     def claim(

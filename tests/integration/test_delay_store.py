@@ -255,3 +255,17 @@ def test_a_herd_is_claimed_ahead_of_its_time_at_the_workers_pace(store: DelaySto
         assert store.take(c.entry_id, task_id, c.token).status is Take.TAKEN
     late = store.claim(1.0, 30.0, tokens(100, 300), 200.0, 10, 0.1).items  # 5 in flight
     assert sorted(c.entry_id for c in late) == sorted(f"late{i}" for i in range(10))
+
+
+def test_hurry_finds_an_entry_in_any_shard(on_redis: tuple[Any, str]) -> None:
+    """A parked entry made due now, whichever shard holds it (this layout's, or another's);
+    one on its way stays as it is; an unknown one is reported so."""
+    client, prefix = on_redis
+    one, four = RedisDelayStore(client, prefix), RedisDelayStore(client, prefix, shards=4)
+    one.park("old", make_entry("t-old"), 3600.0)
+    four.park("new", make_entry("t-new"), 3600.0)
+    assert four.claim(0.0, 30.0, tokens(5)).items == []
+    assert four.hurry("old") is True and four.hurry("new") is True
+    assert sorted(c.entry_id for c in four.claim(0.0, 30.0, tokens(5)).items) == ["new", "old"]
+    assert four.hurry("new") is False  # claimed: on its way
+    assert four.hurry("missing") is False
