@@ -44,9 +44,10 @@ class Shard:
     def key(self, name: str) -> str:
         return f"{{{self.tag}}}:{name}"
 
-    @property
+    @functools.cached_property
     def keys(self) -> dict[str, str]:
-        """``due``, ``meta``, ``msg``, ``taken`` and ``released``, all under the tag."""
+        """``due``, ``meta``, ``msg``, ``taken`` and ``released``, all under the tag (built
+        once: every take and claim names them)."""
         return {name: self.key(name) for name in _NAMES}
 
     def token(self, token: str) -> str:
