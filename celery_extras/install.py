@@ -7,6 +7,7 @@ bootsteps and hooks to the app. Calling it again only re-applies options.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError
@@ -27,12 +28,22 @@ from .store.client import StoreStep
 from .sync.capability import SYNC
 from .workarounds import RedisCloseGuard
 
-__all__ = ["CAPABILITIES", "Capability", "ExtrasStep", "all_settings", "install", "settings_of"]
+__all__ = [
+    "CAPABILITIES",
+    "Capability",
+    "ExtrasStep",
+    "all_settings",
+    "green_pool_acks",
+    "install",
+    "settings_of",
+]
 
 
 CAPABILITIES: tuple[Capability, ...] = (SYNC, POLICIES, DELAY, CONSUMER, STATS)
 
 _installed: weakref.WeakSet[Celery] = weakref.WeakSet()
+
+logger = logging.getLogger(__name__)
 
 
 def all_settings() -> Iterator[Setting[Any]]:
@@ -58,6 +69,9 @@ class ExtrasStep(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         check_worker()  # fail the worker start naming the Celery version and the feature
         settings_of(parent.app)  # fail the worker start with a message naming the setting
+        warning = green_pool_acks(parent.app, parent.pool_cls, parent.concurrency)
+        if warning:
+            logger.warning("celery-extras: %s", warning)
 
     def info(self, parent: Any) -> dict[str, Any]:
         return {
@@ -66,6 +80,31 @@ class ExtrasStep(bootsteps.StartStopStep):
                 "capabilities": [c.name for c in CAPABILITIES],
             }
         }
+
+
+def green_pool_acks(app: Celery, pool_cls: Any, concurrency: Any) -> str | None:
+    """Why acks may be refused, or ``None``: a green pool (gevent, eventlet) running more
+    tasks at once than ``broker_pool_limit`` connections, on a Redis broker with
+    ``acks_late`` tasks. Tasks that end together then ask the pool for more connections than
+    it has; kombu refuses the ack (``MaxConnectionsError``) and the message runs again."""
+    limit = app.conf.broker_pool_limit
+    if not getattr(pool_cls, "is_green", False) or not limit or not isinstance(concurrency, int):
+        return None
+    if concurrency <= limit:
+        return None
+    with app.connection_for_write() as connection:  # not connected: its transport's kind
+        if connection.transport.driver_type != "redis":
+            return None
+    late = [name for name, task in sorted(app.tasks.items()) if getattr(task, "acks_late", False)]
+    if not late:
+        return None
+    return (
+        f"-P {getattr(pool_cls, '__module__', 'green').rsplit('.', 1)[-1]} runs {concurrency} "
+        f"tasks at once over broker_pool_limit={limit} connections on a Redis broker, and "
+        f"{len(late)} task(s) ack late (e.g. {late[0]}): acks refused when they end together "
+        f"(MaxConnectionsError) make their messages run twice. Set broker_pool_limit to at "
+        f"least {concurrency}"
+    )
 
 
 def install(app: Celery, **options: Any) -> Celery:

@@ -35,6 +35,7 @@ __all__ = [
     "REDIS_OPTIONS",
     "REDIS_URL",
     "STORE_ALLOW_EVICTION",
+    "STORE_TIMEOUT",
     "ExtrasSettings",
     "Setting",
     "boolean",
@@ -232,11 +233,35 @@ STORE_ALLOW_EVICTION: Setting[bool] = Setting(
     "at worker start, in ``inspect stats``, Prometheus and Flower, and nothing is parked "
     "there (waits stay held in the worker or unacked).",
 )
+#: The longest ``extras_store_timeout`` may be: the worker's loop waits that long at most.
+MAX_STORE_TIMEOUT = 5.0
+
+
+def store_timeout(key: str, value: Any) -> float:
+    """Seconds, above 0 and at most :data:`MAX_STORE_TIMEOUT`."""
+    if not is_number(value, None, 0.0) or float(value) > MAX_STORE_TIMEOUT:
+        raise reject(key, f"a number of seconds > 0 and <= {MAX_STORE_TIMEOUT:g}", value)
+    return float(value)
+
+
+STORE_TIMEOUT: Setting[float] = Setting(
+    "store_timeout",
+    0.25,
+    store_timeout,
+    "float",
+    "Longest the worker's event loop waits for one store call (a gate's admission, a park, "
+    "a release), seconds. A call that times out, or a refused connection, stops every "
+    "user of the store in the process from asking it again for "
+    "``extras_limit_store_retry`` seconds: gated tasks wait meanwhile (held or unacked), "
+    "everything else goes on at its pace. Background work (the delay mover, revoke sync) "
+    "waits longer (2 s, or this when longer).",
+)
 CORE_SETTINGS: tuple[Setting[Any], ...] = (
     REDIS_URL,
     REDIS_OPTIONS,
     KEY_PREFIX,
     STORE_ALLOW_EVICTION,
+    STORE_TIMEOUT,
 )
 
 

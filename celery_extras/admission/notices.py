@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..store.health import store_text
+from ..threads import FORK_GATE, start_thread
 
 __all__ = ["ALL", "Bucket", "NoticeSource", "ReleaseNotices", "notice", "parse_notice"]
 
@@ -126,8 +127,11 @@ class ReleaseNotices:
                 self.wake(bucket)
 
 
-class _Listener(threading.Thread):
+class _Listener:
     """Reads release notices from the store's pub/sub channel (one thread per worker)."""
+
+    #: Seconds each read waits for a notice (a fork waits for it at most that long).
+    READ = 0.25
 
     def __init__(
         self,
@@ -136,33 +140,42 @@ class _Listener(threading.Thread):
         on_notice: Callable[[Bucket], None],
         on_subscribed: Callable[[], None],
     ) -> None:
-        super().__init__(name=f"celery-extras-{what}-notices", daemon=True)
         self.store = store
         self.what = what
         self.on_notice = on_notice
         self.on_subscribed = on_subscribed
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = start_thread(self._run, f"celery-extras-{self.what}-notices")
 
     def stop(self) -> None:
+        """Stop reading, and wait for the thread (it closes its subscription itself)."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(self.READ + 2.0)
+        self._thread = None
 
-    def run(self) -> None:
+    def _run(self) -> None:
         failed = False
         while not self._stop.is_set():
             pubsub = None
             try:
-                pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self.store.channel)
+                with FORK_GATE.operation():
+                    pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(self.store.channel)
                 self.on_subscribed()
                 failed = False
                 while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=1.0)
+                    with FORK_GATE.operation():
+                        message = pubsub.get_message(timeout=self.READ)
                     if message and message.get("type") == "message":
                         bucket = parse_notice(message.get("data"))
                         if bucket is not None:
                             self.on_notice(bucket)
             except Exception as exc:
-                if not failed:
+                if not failed and not self._stop.is_set():  # a stop closes the connection
                     failed = True
                     logger.warning(
                         "celery-extras: %s release notices lost (%s); waiters ask "
@@ -173,5 +186,5 @@ class _Listener(threading.Thread):
                 self._stop.wait(1.0)
             finally:
                 if pubsub is not None:
-                    with contextlib.suppress(Exception):
+                    with contextlib.suppress(Exception), FORK_GATE.operation():
                         pubsub.close()

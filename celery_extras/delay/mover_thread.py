@@ -18,6 +18,7 @@ from typing import Any
 from celery import Celery
 
 from ..signals import task_released
+from ..threads import FORK_GATE, start_thread
 from .entry import CLAIM_HEADER, PARKED_HEADER, Entry
 from .mover import Mover
 from .parking import STORE_ERRORS, Parker, due_queue
@@ -114,25 +115,32 @@ class MoverThread:
 
     def start(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="extras-delay-mover", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, "extras-delay-mover")
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                if self.mover is None:
-                    self.mover = self._make_mover()
-                sleep = self.mover.run_once()
-                self.parker.store_answered()
-            except STORE_ERRORS as exc:
-                self.last_error = repr(exc)[:200]
-                self.parker.store_failed("moving due entries", exc)
-                sleep = self.store_retry
-            except Exception as exc:  # the mover must outlive any bug or bad entry
-                self.last_error = repr(exc)[:200]
-                logger.exception("celery-extras: the delay mover failed; it goes on")
-                sleep = self.store_retry
+            with FORK_GATE.operation():
+                sleep = self._round()
             self._stop.wait(sleep)
+
+    def _round(self) -> float:
+        """One round of the mover: the seconds until the next."""
+        if not self.parker.health.up():  # the store failed a moment ago, for this process
+            return self.store_retry
+        try:
+            if self.mover is None:
+                self.mover = self._make_mover()
+            sleep = self.mover.run_once()
+            self.parker.store_answered()
+        except STORE_ERRORS as exc:
+            self.last_error = repr(exc)[:200]
+            self.parker.store_failed("moving due entries", exc)
+            sleep = self.store_retry
+        except Exception as exc:  # the mover must outlive any bug or bad entry
+            self.last_error = repr(exc)[:200]
+            logger.exception("celery-extras: the delay mover failed; it goes on")
+            sleep = self.store_retry
+        return sleep
 
     def stop(self) -> None:
         self._stop.set()

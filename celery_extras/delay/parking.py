@@ -121,15 +121,18 @@ def origin_queue(queues: Iterable[Queue], exchange: str, routing_key: str) -> st
 
 
 class Parker:
-    """Parks messages of *app* in its delay store; one per process."""
+    """Parks messages of *app* in its delay store (*background*: for work off the worker's
+    loop, the mover's and the command line's)."""
 
     def __init__(
         self,
         app: Celery,
         tombstone_ttl: float = 86400.0,
         clock: Callable[[], float] = monotonic,
+        background: bool = False,
     ) -> None:
         self.app = app
+        self.background = background  # off the worker's loop: the store's longer timeouts
         self.tombstone_ttl = tombstone_ttl
         self.clock = clock
         self._store: DelayStore | None = None
@@ -152,7 +155,7 @@ class Parker:
         if self._store is None:
             settings = settings_of(self.app)
             self._store = RedisDelayStore(
-                redis_client(self.app),
+                redis_client(self.app, self.background),
                 store_key(self.app),
                 self.tombstone_ttl,
                 replicas=park_replicas(self.app),

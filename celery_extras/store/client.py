@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 import weakref
@@ -45,7 +46,14 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from .. import clock as clocks
-from ..settings import KEY_PREFIX, REDIS_OPTIONS, REDIS_URL, STORE_ALLOW_EVICTION, settings_of
+from ..settings import (
+    KEY_PREFIX,
+    REDIS_OPTIONS,
+    REDIS_URL,
+    STORE_ALLOW_EVICTION,
+    STORE_TIMEOUT,
+    settings_of,
+)
 from .health import StoreHealth, StoreUnavailable, StoreUser
 from .safety import REFRESH, StoreSafety
 
@@ -74,7 +82,8 @@ StoreClient: TypeAlias = "redis.Redis | redis.RedisCluster"
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 _SENTINEL_SCHEME = "sentinel://"
-#: Socket timeouts of the store's connections, seconds.
+#: Socket timeouts of the store's connections for background work (the delay mover, revoke
+#: sync, command-line tools), seconds; the worker's loop has ``extras_store_timeout``.
 TIMEOUT = 2.0
 #: The name every store connection gives itself (``CLIENT SETNAME``): ``CLIENT LIST``
 #: tells celery-extras' connections from the broker's and the result backend's.
@@ -83,11 +92,12 @@ CLIENT_NAME = "celery-extras"
 logger = logging.getLogger(__name__)
 
 _clients: weakref.WeakKeyDictionary[Celery, StoreClient] = weakref.WeakKeyDictionary()
+_background: weakref.WeakKeyDictionary[Celery, StoreClient] = weakref.WeakKeyDictionary()
 _safety: weakref.WeakKeyDictionary[Celery, StoreSafety] = weakref.WeakKeyDictionary()
 _health: weakref.WeakKeyDictionary[Celery, StoreHealth] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 #: Caches holding store clients (or objects bound to one), emptied in a forked child.
-_per_process: list[MutableMapping[Any, Any]] = [_clients, _safety, _health]
+_per_process: list[MutableMapping[Any, Any]] = [_clients, _background, _safety, _health]
 
 
 def forget_after_fork(*caches: MutableMapping[Any, Any]) -> None:
@@ -168,50 +178,67 @@ def store_kind(url: str, options: Mapping[str, Any]) -> str:
     return "redis"
 
 
-def _retry() -> Retry:
+def _retry(timeouts: bool) -> Retry:
     """One quick retry on a lost connection (a failover, a restart): a call in flight goes
-    to the new master; longer outages fall to each feature's own outage behaviour."""
-    return Retry(ExponentialBackoff(cap=0.2, base=0.05), retries=1)
+    to the new master; longer outages fall to each feature's own outage behaviour. A call
+    that timed out is tried again only where *timeouts* (not on the worker's loop, which
+    must not wait twice)."""
+    errors: tuple[type[Exception], ...] = (redis.ConnectionError,)
+    if timeouts:
+        errors += (redis.TimeoutError, socket.timeout)
+    return Retry(ExponentialBackoff(cap=0.2, base=0.05), retries=1, supported_errors=errors)
 
 
 #: Called after each new connection of a store client is made (a reconnect, a failover).
 OnConnect: TypeAlias = "Callable[[], None] | None"
 
 
-def _common(on_connect: OnConnect = None) -> dict[str, Any]:
-    hooks: dict[str, Any] = {}
-    if on_connect is not None:
-
-        def connected(connection: Any) -> None:
-            connection.on_connect()  # what redis-py does when given no hook
-            on_connect()
-
-        hooks["redis_connect_func"] = connected
+def _common(timeout: float = TIMEOUT, loop: bool = False) -> dict[str, Any]:
+    """The options of every store connection: *timeout* for its sockets, and a timed-out
+    call retried once unless it is made on the worker's *loop*."""
     return {
-        **hooks,
-        "socket_timeout": TIMEOUT,
-        "socket_connect_timeout": TIMEOUT,
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
         "client_name": CLIENT_NAME,
         "decode_responses": True,
-        "retry": _retry(),
-        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "retry": _retry(timeouts=not loop),
     }
 
 
-def connect(url: str, options: Mapping[str, Any], on_connect: OnConnect = None) -> StoreClient:
+def connect(
+    url: str,
+    options: Mapping[str, Any],
+    on_connect: OnConnect = None,
+    timeout: float = TIMEOUT,
+    loop: bool = False,
+) -> StoreClient:
     """A new client for the store at *url*; :class:`ValueError` naming what is wrong.
 
-    *on_connect* is called after every new connection the client makes.
+    *on_connect* is called after every new connection the client makes; *timeout* and
+    *loop* are its connections' (see :func:`_common`).
     """
+    common = _common(timeout, loop)
     kind = store_kind(url, options)
     if kind == "cluster":
-        return _cluster(url, on_connect)
+        return _cluster(url, common, on_connect)
     if kind == "sentinel":
-        return _sentinel(url, options, on_connect)
-    return redis.Redis.from_url(url, health_check_interval=30, **_common(on_connect))
+        return _sentinel(url, options, common, on_connect)
+    return redis.Redis.from_url(url, health_check_interval=30, **common, **_hook(on_connect))
 
 
-def _cluster(url: str, on_connect: OnConnect = None) -> redis.RedisCluster:
+def _hook(on_connect: OnConnect) -> dict[str, Any]:
+    """The option calling *on_connect* after each new connection is set up."""
+    if on_connect is None:
+        return {}
+
+    def connected(connection: Any) -> None:
+        connection.on_connect()  # what redis-py does when given no hook
+        on_connect()
+
+    return {"redis_connect_func": connected}
+
+
+def _cluster(url: str, common: dict[str, Any], on_connect: OnConnect = None) -> redis.RedisCluster:
     parts = [p for p in url.split(";") if p]
     nodes = []
     for part in parts:
@@ -222,8 +249,7 @@ def _cluster(url: str, on_connect: OnConnect = None) -> redis.RedisCluster:
     first = urlsplit(parts[0])
     if first.path.strip("/") not in ("", "0"):
         raise ValueError(f"store URL {url!r}: a Redis Cluster has database 0 only")
-    kwargs = _common()
-    kwargs.pop("retry_on_error")  # the cluster client retries its own errors, MOVED/ASK too
+    kwargs = dict(common)  # the cluster client retries MOVED/ASK itself
     if on_connect is not None:  # called after the cluster client's own on_connect
         kwargs["redis_connect_func"] = lambda connection: on_connect()
     if first.password:
@@ -295,7 +321,9 @@ class LazyCluster:
         return call
 
 
-def _sentinel(url: str, options: Mapping[str, Any], on_connect: OnConnect = None) -> redis.Redis:
+def _sentinel(
+    url: str, options: Mapping[str, Any], common: dict[str, Any], on_connect: OnConnect = None
+) -> redis.Redis:
     master_name = options.get("master_name")
     if not isinstance(master_name, str) or not master_name:
         raise ValueError(
@@ -328,26 +356,30 @@ def _sentinel(url: str, options: Mapping[str, Any], on_connect: OnConnect = None
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         sentinels,
         sentinel_kwargs={
-            "socket_timeout": TIMEOUT,
-            "socket_connect_timeout": TIMEOUT,
+            "socket_timeout": common["socket_timeout"],
+            "socket_connect_timeout": common["socket_connect_timeout"],
             **sentinel_kwargs,
         },
-        **_common(),
+        **common,
     )
     master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        master_name, db=db, **extra, **_common(on_connect)
+        master_name, db=db, **extra, **common, **_hook(on_connect)
     )
     return master
 
 
-def redis_client(app: Celery) -> StoreClient:
-    """The app's store client (one per app, thread-safe, short socket timeouts).
+def redis_client(app: Celery, background: bool = False) -> StoreClient:
+    """The app's store client (one per app and process, thread-safe).
 
+    The worker's event loop calls through it: its calls wait ``extras_store_timeout`` at
+    most and a timeout is not retried. *background* work (the delay mover, revoke sync,
+    the command line) has a client of its own, with longer timeouts (:data:`TIMEOUT`).
     A ``redis.Redis`` (single, or managed by Sentinel) or a ``redis.RedisCluster``;
     :class:`StoreUnavailable` when there is no store or its settings are wrong.
     """
+    clients = _background if background else _clients
     with _lock:
-        client = _clients.get(app)
+        client = clients.get(app)
         if client is None:
             url = store_url(app)
             if url is None:
@@ -363,17 +395,20 @@ def redis_client(app: Celery) -> StoreClient:
                 if safety is not None:
                     safety.stale()
 
+            loop_timeout = settings_of(app)[STORE_TIMEOUT]
+            timeout = max(TIMEOUT, loop_timeout) if background else loop_timeout
             try:
-                client = connect(url, store_options(app), reconnected)
+                client = connect(url, store_options(app), reconnected, timeout, not background)
             except ValueError as exc:
                 raise StoreUnavailable(str(exc)) from None
-            _clients[app] = client
+            clients[app] = client
         return client
 
 
 def store_safety(app: Celery) -> StoreSafety:
     """The app's :class:`~.store_safety.StoreSafety` in this process (logging nothing until
     a worker step gives it a logger, so pool processes do not repeat the worker's lines)."""
+    health = store_health(app)
     with _lock:
         safety = _safety.get(app)
         if safety is None:
@@ -386,7 +421,7 @@ def store_safety(app: Celery) -> StoreSafety:
                 return redis_client(owner)
 
             allow = settings_of(app)[STORE_ALLOW_EVICTION]
-            safety = _safety[app] = StoreSafety(client, allow_eviction=allow)
+            safety = _safety[app] = StoreSafety(client, allow_eviction=allow, health=health)
         return safety
 
 
@@ -422,8 +457,8 @@ def close_client(app: Celery) -> None:
     closed now rather than when the app is collected; the next :func:`redis_client` call
     opens a new one."""
     with _lock:
-        client = _clients.pop(app, None)
-    if client is not None:
+        clients = [c for c in (_clients.pop(app, None), _background.pop(app, None)) if c]
+    for client in clients:
         with contextlib.suppress(redis.RedisError, OSError):  # a broken one: nothing to keep
             client.close()
 

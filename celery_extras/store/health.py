@@ -1,10 +1,10 @@
 """Whether the store answers, and its outages logged once, the same way for every user.
 
-No Celery import. :class:`StoreHealth` is one per app and process; each user of the
-store (a gate, the delay store, the sync thread, the retry failure memory) reports
-its calls through a :class:`StoreUser`, which backs off after a failure and keeps an
-:class:`OutageLog`: an outage that fails a thousand tasks writes one line per user
-when it starts and one when it ends, with Redis' own text.
+No Celery import. :class:`StoreHealth` is one per app and process, the breaker every user
+of the store shares; each user (a gate, the delay store, the sync thread, the retry
+failure memory) reports its calls through a :class:`StoreUser`, which backs off after a
+failure. An outage that fails a thousand tasks writes one line for the process when it
+starts (what it means for each user) and one when it ends, with Redis' own text.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any
 import redis
 
 from ..bounds import cut
+
+logger = logging.getLogger("celery_extras.store")
 
 __all__ = [
     "UNREACHABLE",
@@ -36,7 +38,8 @@ def store_text(exc: BaseException, limit: int = 300) -> str:
 
 
 class OutageLog:
-    """Whether a capability's store calls fail now, since when, and why; logs transitions."""
+    """Whether store calls fail now, since when, and why; logs the transitions of an outage
+    (*what* names the user in the lines; ``""``: the store itself, for a whole process)."""
 
     def __init__(
         self, logger: logging.Logger, what: str, clock: Callable[[], float] = time.time
@@ -45,23 +48,30 @@ class OutageLog:
         self.what = what  # e.g. "retry failure memory"
         self.clock = clock
         self.down = False
+        self.quiet = False  # the outage is logged elsewhere (the process' own line)
         self.reason = ""
         self.since = 0.0
         self.failures = 0
         self._lock = threading.Lock()
 
-    def failed(self, exc: BaseException, consequence: str) -> bool:
-        """Note a failed call; log it if it starts an outage (then ``True``)."""
+    @property
+    def subject(self) -> str:
+        return f"{self.what}: " if self.what else ""
+
+    def failed(self, exc: BaseException, consequence: str, quiet: bool = False) -> bool:
+        """Note a failed call; log it if it starts an outage (then ``True``), unless
+        *quiet* (the outage is logged elsewhere: its end is quiet too)."""
         with self._lock:
             self.failures += 1
             self.reason = store_text(exc)
             if self.down:
                 return False
-            self.down, self.since = True, self.clock()
-        self.logger.error(
-            "celery-extras: %s: the store failed (%s); %s (logged once per outage)",
-            self.what, self.reason, consequence,
-        )  # fmt: skip
+            self.down, self.quiet, self.since = True, quiet, self.clock()
+        if not quiet:
+            self.logger.error(
+                "celery-extras: %sthe store failed (%s); %s (logged once per outage)",
+                self.subject, self.reason, consequence,
+            )  # fmt: skip
         return True
 
     def ok(self) -> None:
@@ -74,10 +84,11 @@ class OutageLog:
             self.down = False
             lasted = self.clock() - self.since
             failures, self.failures = self.failures, 0
-        self.logger.warning(
-            "celery-extras: %s: the store answers again after %.1f s (%d failed calls)",
-            self.what, lasted, failures,
-        )  # fmt: skip
+        if not self.quiet:
+            self.logger.warning(
+                "celery-extras: %sthe store answers again after %.1f s (%d failed calls)",
+                self.subject, lasted, failures,
+            )  # fmt: skip
 
 
 class StoreUnavailable(RuntimeError):
@@ -96,20 +107,29 @@ def answered_with_error(exc: BaseException) -> bool:
 
 
 class StoreHealth:
-    """Whether the store answers, for every user of it in one process.
+    """Whether the store answers, for every user of it in one process: its breaker.
 
     A user (a gate, the delay store, the sync thread...) reports each call's outcome
-    through its :class:`StoreUser`. A store that cannot be reached is not asked again by
-    anyone for *retry* seconds (so an outage does not cost every task a timeout); a store
-    that answered one user with an error backs off that user only.
+    through its :class:`StoreUser`. One call that cannot reach the store (a timeout, a
+    refused connection) opens the breaker: nobody in the process asks the store again for
+    *retry* seconds, so an outage costs the worker's loop one short timeout per *retry*,
+    not one per user and task, and it is logged once for the process, with what it means
+    for each user. A store that answered one user with an error backs off that user only,
+    and that user logs it.
     """
 
-    def __init__(self, retry: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        retry: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger = logger,
+    ) -> None:
         self.retry = retry
         self.clock = clock
         self.unreachable_until = 0.0
         self.last_error: BaseException | None = None
         self.users: dict[str, StoreUser] = {}
+        self.outage = OutageLog(logger, "", clock)
 
     def user(self, logger: logging.Logger, what: str, consequence: str) -> StoreUser:
         """The user *what* (one per name: ``"global limits"``), created on first use."""
@@ -121,17 +141,35 @@ class StoreHealth:
     def reachable(self) -> bool:
         return self.clock() >= self.unreachable_until
 
-    def unreachable(self, exc: BaseException) -> None:
+    def unreachable(
+        self, exc: BaseException, by: StoreUser | None = None, consequence: str = ""
+    ) -> None:
+        """A call (of *by*, meaning *consequence* for it) could not reach the store: open the
+        breaker for :attr:`retry` seconds; the line that starts an outage says what it means
+        for every user."""
         self.last_error = exc
         self.unreachable_until = self.clock() + self.retry
+        consequences = "; ".join(
+            f"{u.log.what}: {consequence if u is by and consequence else u.consequence}"
+            for u in self.users.values()
+        )
+        self.outage.failed(exc, consequences or "its users wait")
 
     def answered(self) -> None:
         self.unreachable_until = 0.0
+        self.outage.ok()
+
+    def info(self) -> dict[str, Any]:
+        if not self.outage.down:
+            return {"store": "ok"}
+        return {"store": "down", "store_error": self.outage.reason,
+                "down_for": round(self.clock() - self.outage.since, 1)}  # fmt: skip
 
 
 class StoreUser:
-    """One user's view of the store: its own back-off and :class:`OutageLog`, so each user
-    logs once per outage what the outage does to it, and once when it ends."""
+    """One user's view of the store: its own back-off and :class:`OutageLog` (for the errors
+    the store answers it with; an unreachable store is the process' :class:`StoreHealth`'s
+    to log)."""
 
     def __init__(
         self, health: StoreHealth, logger: logging.Logger, what: str, consequence: str
@@ -157,18 +195,21 @@ class StoreUser:
             return False
         if health.reachable():
             return True
-        if not self.log.down and health.last_error is not None:
-            self.log.failed(health.last_error, self.consequence)  # learnt from another user
+        if not self.log.down and health.last_error is not None:  # learnt from another user
+            self.log.failed(health.last_error, self.consequence, quiet=True)
         return False
 
     def failed(self, exc: BaseException, consequence: str | None = None) -> bool:
-        """Note a failed call (logged if it starts an outage, then ``True``); back off."""
+        """Note a failed call and back off: an unreachable store opens the process' breaker
+        (logged there, once), an error answered is logged here; ``True`` when it starts this
+        user's outage."""
         self.errors += 1
         health = self.health
         self.until = health.clock() + health.retry
-        if not answered_with_error(exc):
-            health.unreachable(exc)
-        return self.log.failed(exc, consequence or self.consequence)
+        unreachable = not answered_with_error(exc)
+        if unreachable:
+            health.unreachable(exc, self, consequence or self.consequence)
+        return self.log.failed(exc, consequence or self.consequence, quiet=unreachable)
 
     def answered(self) -> None:
         """Note a good call: the outage (if any) ends, for this user and the store."""

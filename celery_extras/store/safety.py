@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from ..bounds import cut
+from .health import StoreHealth, answered_with_error
 
 __all__ = [
     "COALESCING",
@@ -173,7 +174,8 @@ class StoreSafety:
     logged (an error naming the policy, what is at risk and the fix; a warning when
     the risk is gone), and a store that keeps nothing across a restart is warned of
     once. *allow_eviction* (``extras_store_allow_eviction``) lets parks go on into an
-    evicting store anyway.
+    evicting store anyway. With *health* (the process' breaker), nothing is read while the
+    store is known unreachable, and a read that cannot reach it opens the breaker.
     """
 
     def __init__(
@@ -184,8 +186,10 @@ class StoreSafety:
         logger: logging.Logger | None = None,
         clock: Callable[[], float] = time.monotonic,
         refresh: float = REFRESH,
+        health: StoreHealth | None = None,
     ) -> None:
         self.client = client
+        self.health = health
         self.allow_eviction = allow_eviction
         self.logger = logger
         self.clock = clock
@@ -220,12 +224,22 @@ class StoreSafety:
         """The verdict, read again first when it is older than :attr:`refresh` (or stale);
         ``None`` when the store cannot be read (an outage: the callers' own handling)."""
         if self.verdict is None or self.clock() >= self._due:
+            if not self._reachable():
+                return None
             try:
                 return self.check()
-            except Exception:  # unreadable (an outage): the caller's own call meets it
-                self.stale()
+            except Exception as exc:  # unreadable (an outage): the caller's own call meets it
+                self._failed(exc)
                 return None
         return self.verdict
+
+    def _reachable(self) -> bool:
+        return self.health is None or self.health.reachable()
+
+    def _failed(self, exc: BaseException) -> None:
+        self.stale()
+        if self.health is not None and not answered_with_error(exc):
+            self.health.unreachable(exc)
 
     def full(self) -> None:
         """A write was refused for memory (``OOM command not allowed``): refuse parks until
@@ -239,9 +253,12 @@ class StoreSafety:
         if now < self._full_due:
             return True
         self._full_due = now + FULL_RECHECK
+        if not self._reachable():
+            return False  # the park itself meets the outage
         try:
             fill = read_fill(self.client())
-        except Exception:  # unreadable: the park itself meets the outage
+        except Exception as exc:  # unreadable: the park itself meets the outage
+            self._failed(exc)
             return False
         self.is_full = fill >= HEADROOM
         return self.is_full

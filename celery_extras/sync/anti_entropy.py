@@ -28,6 +28,7 @@ from celery.utils.log import get_logger
 
 from ..store.client import StoreUnavailable, redis_client, store_key, store_user
 from ..store.health import answered_with_error
+from ..threads import FORK_GATE
 from .digest import Pull, Version, plan_pull
 from .entries import Parsed, Stamp
 from .revoke_store import SHARDS, RevokeStore, Snapshot
@@ -66,7 +67,7 @@ class AntiEntropy:
         self.store: RevokeStore | None = None
         self.unavailable: str | None = None  # why there is no store at all
         try:
-            self.store = RevokeStore(redis_client(app), store_key(app), revoke_max)
+            self.store = RevokeStore(redis_client(app, background=True), store_key(app), revoke_max)
         except StoreUnavailable as exc:
             self.unavailable = str(exc)
         every = f"(tried every {syncer.interval} s)"
@@ -165,7 +166,7 @@ class AntiEntropy:
 
     def cycle(self) -> None:
         """One anti-entropy round: pull the changes, page by page, then push what only we hold."""
-        if self.store is None:
+        if self.store is None or not self.health.up():  # none, or it failed a moment ago
             return
         syncer = self.syncer
         try:
@@ -248,7 +249,9 @@ class AntiEntropy:
                 self.pending_stamps.pop(stamp, None)
         self._merged.clear()
         syncer.inbox.put(lambda: self._merge_page(page))
-        return self._merged.wait(max(syncer.interval, 1.0)) and not syncer.stopping.is_set()
+        with FORK_GATE.idle():  # the consumer's thread merges it: it may fork meanwhile
+            merged = self._merged.wait(max(syncer.interval, 1.0))
+        return merged and not syncer.stopping.is_set()
 
     # -- the store's health ------------------------------------------------
 

@@ -85,7 +85,7 @@ def _store(
         raise ValueError(f"cannot store revokes of {', '.join(bad)}: expected task ids "
                          f"(strings of 1-255 characters) and scalar stamps")  # fmt: skip
     expires_at = time.time() + life
-    store = RevokeStore(redis_client(app), store_key(app), settings["revoke_max"])
+    store = RevokeStore(redis_client(app, background=True), store_key(app), settings["revoke_max"])
     valid_stamps: dict[Stamp, float] = {(str(h), v): expires_at for h, v in stamps}  # type: ignore[misc]
     changed = store.add({str(i): expires_at for i in ids}, valid_stamps, clock=app.clock.forward())
     return changed, expires_at

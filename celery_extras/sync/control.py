@@ -135,7 +135,7 @@ def cluster_revoked(app: Celery, limit: int = 20, timeout: float = 1.0) -> dict[
     store: dict[str, Any]
     try:
         revoke_store = RevokeStore(
-            redis_client(app), store_key(app), settings_of(app)["revoke_max"]
+            redis_client(app, background=True), store_key(app), settings_of(app)["revoke_max"]
         )
         store = {**revoke_store.counts(), **revoke_store.newest(limit)}
     except StoreUnavailable as exc:

@@ -20,6 +20,7 @@ from typing import Any
 from celery import Celery
 from celery.utils.log import get_logger
 
+from ..threads import FORK_GATE, start_thread
 from .anti_entropy import AntiEntropy
 from .entries import Parsed
 from .hello import HELLO, Hello
@@ -113,13 +114,9 @@ class Syncer:
         """Start the background threads: the hello (unless *hello* is ``False``: a worker
         started without Mingle), and the periodic anti-entropy."""
         self.stopping.clear()
-        self.threads = [threading.Thread(target=self._run, name="extras-sync", daemon=True)]
+        self.threads = [start_thread(self._run, "extras-sync")]
         if hello:
-            self.threads.append(
-                threading.Thread(target=self.hello.send, name="extras-sync-hello", daemon=True)
-            )
-        for thread in self.threads:
-            thread.start()
+            self.threads.append(start_thread(self._hello, "extras-sync-hello"))
 
     def stop(self) -> None:
         self.stopping.set()
@@ -128,10 +125,15 @@ class Syncer:
                 thread.join(timeout=self.hello_timeout + 3.0)
         self.threads = []
 
+    def _hello(self) -> None:
+        with FORK_GATE.operation():
+            self.hello.send()
+
     def _run(self) -> None:
         while not self.stopping.wait(self.interval):
             try:
-                self.anti_entropy.cycle()
+                with FORK_GATE.operation():
+                    self.anti_entropy.cycle()
             except Exception:  # cycle() catches the store's errors; this is the last guard
                 logger.exception("celery-extras sync: anti-entropy round failed; carrying on")
 

@@ -110,7 +110,7 @@ class SettlingWorker:
         self.controller = controller
         self.settle_timeout = settle_timeout
         settings = settings_of(app)
-        self.parker = Parker(app, settings["delay_tombstone_ttl"])
+        self.parker = Parker(app, settings["delay_tombstone_ttl"], background=True)
         self.mover = app_mover(
             app, self.parker, settings, lead=0.0,
             on_released=lambda entry, claim: self._released.append((claim.entry_id, claim.token)),
@@ -124,7 +124,7 @@ class SettlingWorker:
 
     def next_due(self) -> float | None:
         store = cast("RedisDelayStore", self.parker.store)
-        client = redis_client(self.app)
+        client = redis_client(self.app, background=True)
         firsts = [client.zrange(shard.key("due"), 0, 0, withscores=True)
                   for shard in store.shards()]  # fmt: skip
         return min((float(f[0][1]) / 1000.0 for f in firsts if f), default=None)
@@ -165,7 +165,7 @@ class SettlingWorker:
 
     def _busy(self) -> str:
         """What keeps the worker busy now, or ``""``."""
-        client = redis_client(self.app)
+        client = redis_client(self.app, background=True)
         if self._released:
             self._released = [(entry_id, token) for entry_id, token in self._released
                               if not self._taken(client, entry_id, token)]  # fmt: skip

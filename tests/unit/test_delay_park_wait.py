@@ -201,6 +201,7 @@ def test_parker_keeps_the_message_logs_once_and_retries_after_a_while(
     clock = FakeClock()
     parker = Parker(app_with(broker_url="redis://localhost:1/0"), clock=clock)
     store = parker._store = RefusingStore()  # type: ignore[assignment]
+    parker.safety.refusal = lambda: None  # type: ignore[method-assign]  # no INFO to read
     caplog.set_level(logging.WARNING, "celery_extras.delay.parking")
     assert parker.park("e1", make_entry("t1"), 60.0) is False
     assert parker.park("e2", make_entry("t2"), 60.0) is False  # at once, the store not asked
@@ -302,6 +303,7 @@ def test_parks_in_an_outage_ask_the_store_once_per_retry_interval(
     assert parker.park("e6", make_entry("t6"), 60.0) is True and store.parks == 2
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(" (")[0] for line in lines] == [
-        "celery-extras: delay store: the store failed",
-        "celery-extras: delay store: the store answers again after 2.0 s",
+        "celery-extras: the store failed",  # the process' one line, naming the delay store
+        "celery-extras: the store answers again after 2.0 s",
     ]
+    assert "; delay store: while parking tasks.add[t0]: waiting tasks are held" in lines[0]

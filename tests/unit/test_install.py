@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 from celery import Celery, bootsteps
+from celery.concurrency import get_implementation
 from celery.exceptions import ImproperlyConfigured
 
 import celery_extras
 from celery_extras.capability import Capability
-from celery_extras.install import ExtrasStep, all_settings, install, settings_of
+from celery_extras.install import ExtrasStep, all_settings, green_pool_acks, install, settings_of
 from celery_extras.settings import Setting, number
 from celery_extras.store.client import store_key, store_url
 
@@ -131,3 +132,29 @@ def test_store_url_prefers_the_setting_then_the_broker_then_the_backend(
 def test_store_keys_live_under_the_prefix() -> None:
     app = install(make_app(), key_prefix="p")
     assert store_key(app, "revoked", "ids") == "p:revoked:ids"
+
+
+@pytest.mark.parametrize(
+    ("pool", "concurrency", "broker", "acks_late", "warned"),
+    [("gevent", 20, "redis://127.0.0.1:1/0", True, True),
+     ("eventlet", 11, "redis://127.0.0.1:1/0", True, True),
+     ("gevent", 10, "redis://127.0.0.1:1/0", True, False),  # within broker_pool_limit (10)
+     ("prefork", 20, "redis://127.0.0.1:1/0", True, False),  # one connection per process
+     ("gevent", 20, "amqp://guest@127.0.0.1:1//", True, False),
+     ("gevent", 20, "redis://127.0.0.1:1/0", False, False)],
+)  # fmt: skip
+def test_a_green_pool_over_the_broker_pool_with_late_acks_is_warned_of_by_setting(
+    pool: str, concurrency: int, broker: str, acks_late: bool, warned: bool
+) -> None:
+    """kombu refuses acks over ``broker_pool_limit`` connections (MaxConnectionsError): on
+    Redis with ``acks_late`` the message runs twice, so the worker start names the setting."""
+    app = install(Celery("green", broker=broker, set_as_current=False))
+
+    @app.task(name="green.late", acks_late=acks_late, shared=False)
+    def late() -> None: ...
+
+    warning = green_pool_acks(app, get_implementation(pool), concurrency)
+    assert (warning is not None) is warned
+    if warning is not None:
+        assert f"-P {pool} runs {concurrency} tasks at once over broker_pool_limit=10" in warning
+        assert f"Set broker_pool_limit to at least {concurrency}" in warning

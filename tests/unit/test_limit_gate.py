@@ -262,8 +262,8 @@ def test_a_worker_bucket_books_no_wait_beyond_the_longest(limits: Any) -> None:
 @pytest.mark.parametrize(
     ("error", "logged"),
     [
-        (redis.ConnectionError("Error 111"),
-         "global limits: the store failed (ConnectionError: Error 111"),
+        (redis.ConnectionError("Error 111"),  # unreachable: the process' one line
+         "the store failed (ConnectionError: Error 111"),
         (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
          "global limits: the store failed (ResponseError: WRONGTYPE Operation"),
         (redis.ResponseError("x" * 100_000), "(100000 characters)"),
@@ -282,8 +282,9 @@ def test_store_errors_are_named_with_redis_text_once(
         clock.now += planner.store_retry
     records = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(records) == 1 and logged in records[0], records
+    assert "global limits: " in records[0]
     assert records[0].endswith(
-        "; they fall back to extras_limit_on_store_error='local' until it answers "
+        " they fall back to extras_limit_on_store_error='local' until it answers "
         "(logged once per outage)"
     )
     assert len(records[0]) < 600

@@ -270,8 +270,9 @@ def test_store_down_follows_the_setting_and_is_logged_once(
             for _ in range(3):
                 slots.submit(Request())
         assert len(c.ran) == ran and len(g.queues) == 3 - ran
-        outages = [r for r in caplog.records if "concurrency slots: the store failed" in r.message]
+        outages = [r for r in caplog.records if "the store failed (ConnectionError" in r.message]
         assert len(outages) == 1
+        assert "; concurrency slots: " in outages[0].message
         assert f"extras_concurrency_on_store_error={on_error!r}" in outages[0].message
         assert g.health.reason.startswith("ConnectionError: ")
         assert g.info()["store"] == "down"

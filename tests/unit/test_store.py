@@ -150,3 +150,32 @@ def test_a_forked_child_opens_its_own_client_even_with_the_lock_held() -> None:
         os.waitpid(pid, 0)
     assert answer == b"own"
     assert redis_client(app) is parent  # the parent keeps its client
+
+
+def test_the_loop_waits_the_store_timeout_once_and_background_work_longer() -> None:
+    """The worker's event loop calls the store with ``extras_store_timeout`` and never tries
+    a timed-out call again (it would wait twice); the mover and revoke sync have a client of
+    their own, with 2 s and one retry, timeouts included."""
+    from celery_extras.store.client import TIMEOUT, close_client, redis_client
+
+    app = celery_extras.install(Celery("t", broker="redis://127.0.0.1:1/0",
+                                       set_as_current=False), store_timeout=0.1)  # fmt: skip
+    try:
+        loop, background = redis_client(app), redis_client(app, background=True)
+        assert loop is not background and loop is redis_client(app)
+        for client, timeout, retried in ((loop, 0.1, False), (background, TIMEOUT, True)):
+            kwargs = client.connection_pool.connection_kwargs
+            assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == timeout
+            errors = kwargs["retry"]._supported_errors
+            assert redis.ConnectionError in errors
+            assert (redis.TimeoutError in errors) is retried
+    finally:
+        close_client(app)
+
+
+@pytest.mark.parametrize("value", [0, -1, 5.01, 1e9, float("nan"), "0.25", True, None])
+def test_an_absurd_store_timeout_is_refused_by_name(value: Any) -> None:
+    app = Celery("t", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    with pytest.raises(ImproperlyConfigured, match=r"^extras_store_timeout: expected a number "
+                       r"of seconds > 0 and <= 5"):  # fmt: skip
+        celery_extras.settings_of(celery_extras.install(app, store_timeout=value))

@@ -23,6 +23,7 @@ from celery_extras.sync.entries import Parsed
 from celery_extras.sync.revoke_store import SHARDS, Snapshot
 from celery_extras.sync.state import WorkerRevokes
 from celery_extras.sync.syncer import TRIM_CHURN, Syncer
+from tests.support.workers import wait_for
 
 SETTINGS = {
     "sync_interval": 1.0,
@@ -88,9 +89,16 @@ def cycle(syncer: Syncer) -> None:
     syncer.drain()
 
 
+def after_backoff(syncer: Syncer) -> None:
+    """Wait until the store's breaker lets the sync thread ask again (one failed call closes
+    the store to the whole process for ``extras_limit_store_retry``, 0.05 s here)."""
+    wait_for(syncer.anti_entropy.health.up, timeout=5.0, what="the store's back-off to end")
+
+
 @pytest.fixture
 def syncer() -> Syncer:
-    app = install(Celery("t", broker="redis://127.0.0.1:1/0", set_as_current=False))
+    app = install(Celery("t", broker="redis://127.0.0.1:1/0", set_as_current=False),
+                  limit_store_retry=0.05)  # fmt: skip
     revokes = WorkerRevokes(LimitedSet(maxlen=1000, expires=100.0), {}, 100.0)
     sync = Syncer(app, "me@host", revokes, SETTINGS)
     sync.anti_entropy.store = FakeStore()  # type: ignore[assignment]
@@ -189,17 +197,18 @@ def test_store_outage_keeps_pending_pushes_and_recovers(
         syncer.collect()
         cycle(syncer)
         cycle(syncer)
-    failed = "celery-extras: revoke store: the store failed (ConnectionError: store down)"
+    failed = "celery-extras: the store failed (ConnectionError: store down); revoke store: "
     assert caplog.text.count(failed) == 1 and syncer.info()["store"] == "down"
     assert "the worker starts without the durable revokes" in caplog.text
     store.down = False
     store.ids = {"stored": time.time() + 50}
     store.version = Version("e", 1)
+    after_backoff(syncer)
     cycle(syncer)
     syncer.drain()
     assert [list(ids) for ids in store.added] == [["heard"]]
     assert "stored" in syncer.revokes.revoked
-    back = "celery-extras: revoke store: the store answers again after"
+    back = "celery-extras: the store answers again after"
     assert back in caplog.text and syncer.info()["store"] == "ok"
 
 
@@ -262,6 +271,7 @@ def test_store_back_after_an_outage_is_given_what_the_worker_knew(syncer: Syncer
     store.down = True
     cycle(syncer)
     store.down = False
+    after_backoff(syncer)
     cycle(syncer)
     syncer.drain()
     cycle(syncer)
