@@ -2,7 +2,9 @@
 
 Registered through the ``celery.commands`` entry point, so every sub-command
 gets the app from ``celery -A``. Commands stay thin: they parse, call into the
-capability's module, and print.
+capability's module, and print. Loading the entry point also extends Celery's own
+``celery purge``: once it has emptied the broker's queues, it drops what the delay
+store holds for them (:func:`purge_parked_too`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import click
 from celery import Celery
 from celery.bin.base import CeleryCommand, CLIContext
 
+from . import compat
 from .bounds import shown
 from .limits.spec import limit_id
 from .settings import declared_settings, settings_of
 
-__all__ = ["extras"]
+__all__ = ["extras", "purge_parked_too"]
 
 
 def app_of(ctx: click.Context) -> Celery:
@@ -308,14 +311,68 @@ def revoked_command(ctx: click.Context, limit: int, timeout: float, as_json: boo
             click.echo(f"  {header}={value}")
 
 
+def _tasks(count: int) -> str:
+    return "task" if count == 1 else "tasks"
+
+
+def purge_parked_too(ctx: click.Context, names: set[str]) -> None:
+    """Run by ``celery purge`` (and ``-Q``, ``-X``) once it has emptied the broker's queues
+    *names*: drop what the delay store holds for them too (else those tasks run later, as
+    if the purge had missed them) and say how many, on a line after Celery's."""
+    from .delay.purge import ParkedNotPurged, purge_parked, purges_parked
+
+    app = app_of(ctx)
+    if not names or not purges_parked(app):
+        return
+    try:
+        done = purge_parked(app, names)
+    except ParkedNotPurged as exc:
+        raise click.ClickException(f"the queues were purged, but {exc}"[:500]) from None
+    echo = ctx.obj.echo
+    if done.dropped:
+        echo(f"Purged {done.dropped} parked {_tasks(done.dropped)} from the delay store.")
+    else:
+        echo("No parked tasks purged from the delay store.")
+    kept = done.purged.kept
+    if kept:
+        echo(f"Kept {kept} parked {_tasks(kept)} recording no queue, whose exchange and routing "
+             "key may lead to a queue not purged (`celery extras delayed --drop TASK_NAME` "
+             "drops a task's).")  # fmt: skip
+
+
+compat.after_purge_command(
+    purge_parked_too,
+    note="With celery-extras installed on the app, the tasks its delay store holds for "
+    "these queues (parked, or on their way to a worker) are dropped too, and counted on a "
+    "line of their own; `celery extras delayed --drop TASK_NAME` drops one task's, whatever "
+    "its queue.",
+)
+
+
 @extras.command(cls=CeleryCommand, name="delayed")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--drop", metavar="TASK_NAME", default=None, help="Drop every task of TASK_NAME "
+              "the store holds (parked, or on its way to a worker), whatever its queue, and "
+              "print how many; asks first, unless -f.")  # fmt: skip
+@click.option("-f", "--force", is_flag=True, help="With --drop: do not ask first.")
 @click.pass_context
-def delayed_command(ctx: click.Context, as_json: bool) -> None:
-    """List what the delay store holds: parked tasks per task name, and the next due time."""
+def delayed_command(ctx: click.Context, as_json: bool, drop: str | None, force: bool) -> None:
+    """List what the delay store holds: parked tasks per task name, and the next due time.
+
+    \b
+    celery -A proj extras delayed [--json]
+    celery -A proj extras delayed --drop TASK_NAME [-f] [--json]
+
+    `celery -A proj purge` (and -Q, -X) drops the parked tasks of the queues it purges.
+    """
     from .delay.capability import delayed
     from .delay.parking import STORE_ERRORS
 
+    if force and drop is None:
+        raise click.UsageError("-f/--force goes only with --drop TASK_NAME")
+    if drop is not None:
+        _drop_delayed(ctx, drop, force, as_json)
+        return
     try:
         listing = delayed(app_of(ctx))
     except STORE_ERRORS as exc:
@@ -346,6 +403,42 @@ def delayed_command(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"  {name:<{width}}  {entry['parked']:>8} parked  {when}")
 
 
+def _drop_delayed(ctx: click.Context, name: str, force: bool, as_json: bool) -> None:
+    """``delayed --drop TASK_NAME``: refuse a name that is no task of the app and has nothing
+    parked (a typo), ask unless *force*, drop, print how many."""
+    from .delay.capability import delayed
+    from .delay.parking import STORE_ERRORS
+    from .delay.purge import MAX_TASK_NAME, drop_delayed
+
+    if not name.strip() or len(name) > MAX_TASK_NAME:
+        raise click.BadParameter(f"{name[:40]!r}: expected a task name (1 to {MAX_TASK_NAME} "
+                                 "characters)", param_hint="--drop")  # fmt: skip
+    app = app_of(ctx)
+    try:
+        tasks: dict[str, Any] = delayed(app)["tasks"]
+    except STORE_ERRORS as exc:
+        raise click.ClickException(f"the delay store cannot be read: {exc!r}"[:300]) from None
+    parked = int(tasks.get(name, {}).get("parked", 0))
+    if not parked and name not in app.tasks:
+        raise click.ClickException(
+            f"{name}: no task of this app has that name, and nothing is parked under it "
+            f"(parked: {', '.join(tasks) or 'none'})"
+        )
+    if parked and not force:
+        click.confirm(f"This will drop {parked} parked {_tasks(parked)} of {name} from the "
+                      "delay store. There is no undo. Are you sure?", abort=True)  # fmt: skip
+    try:
+        dropped = drop_delayed(app, name) if parked else 0
+    except STORE_ERRORS as exc:
+        raise click.ClickException(f"the delay store cannot be written: {exc!r}"[:300]) from None
+    if as_json:
+        click.echo(json.dumps({"task": name, "dropped": dropped}))
+    elif dropped:
+        click.echo(f"Dropped {dropped} parked {_tasks(dropped)} of {name} from the delay store.")
+    else:
+        click.echo(f"No parked tasks of {name} in the delay store.")
+
+
 @extras.command(cls=CeleryCommand, name="coalesce")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
 @click.pass_context
@@ -359,7 +452,7 @@ def coalesce_command(ctx: click.Context, as_json: bool) -> None:
     if store_url(app) is None:
         raise click.ClickException("no store (extras_redis_url, or a Redis broker or backend)")
     try:
-        listing = list(RedisHolds(redis_client(app), store_key(app)).listing())
+        listing = list(RedisHolds(redis_client(app, background=True), store_key(app)).listing())
     except STORE_ERRORS as exc:
         raise click.ClickException(f"the store cannot be read: {exc!r}"[:300]) from None
     if as_json:

@@ -16,6 +16,7 @@ installed Celery and kombu: the first release that moves one fails CI.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import itertools
@@ -26,6 +27,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 import celery
+import click
 import kombu
 from celery.events.receiver import EventReceiver
 from celery.exceptions import ImproperlyConfigured
@@ -46,7 +48,9 @@ __all__ = [
     "RequestLike",
     "TimerEntry",
     "active_requests",
+    "after_purge_command",
     "check_worker",
+    "control_purge_queues",
     "drop_acks",
     "forget_held",
     "limited_set_newest",
@@ -55,7 +59,9 @@ __all__ = [
     "on_strategies_rebuilt",
     "pool_poll_start",
     "promise_proxy_parts",
+    "purge_command_queues",
     "replace_connection_close",
+    "request_embed",
     "request_pending",
     "reserved_requests",
     "revoked_or_cancelled",
@@ -67,6 +73,7 @@ __all__ = [
     "transport_channels",
     "unacked_messages",
     "widen_prefetch",
+    "with_control_mixin",
     "worker_revoked",
     "worker_revoked_stamps",
 ]
@@ -118,8 +125,9 @@ class Private:
     ``path`` is dotted from the module (``"Request._eta_timer_entry"``); ``shape`` checks
     what is found there. An entry with ``fallback`` degrades as it says when missing;
     one without it is required, and :func:`check_worker` refuses to start the worker.
-    ``probe`` entries are instance attributes: ``shape`` builds a throwaway object to
-    look, so only the tests check them (the worker start checks the class-level ones).
+    ``probe`` entries are instance attributes (``shape`` builds a throwaway object to
+    look) or outside the worker (the command line, ``app.control``): only the tests check
+    them (the worker start checks the class-level ones).
     """
 
     module: str
@@ -244,6 +252,52 @@ def _number(obj: Any) -> bool:
     return is_number(obj, above=0)
 
 
+def _purge_command(command: Any) -> bool:
+    """``celery purge``: a click command with ``-f``, ``-Q`` and ``-X``, emptying the queues
+    of ``-Q`` (else every queue the app declares) but those of ``-X``."""
+    from celery.bin import purge
+
+    source = inspect.getsource(purge)
+    names = {param.name for param in getattr(command, "params", ())}
+    return (
+        isinstance(command, click.Command) and callable(command.callback)
+        and {"force", "queues", "exclude_queues"} <= names
+        and "set(queues or app.amqp.queues.keys())" in source
+        and "set(exclude_queues or [])" in source
+    )  # fmt: skip
+
+
+def _control_cls(name: Any) -> bool:
+    """``Celery.control_cls`` names Celery's ``Control``, and ``app.control``, made once, is
+    kept in the app's ``__dict__`` under its name (a cached property)."""
+    if name != "celery.app.control:Control":
+        return False
+    app = celery.Celery("compat-probe", set_as_current=False)
+    try:
+        return app.control is vars(app).get("control")
+    finally:
+        app.close()
+
+
+def _control_purge(purge: Any) -> bool:
+    """``Control.purge(connection=None)`` empties the queues of ``app.amqp.TaskConsumer``,
+    which are the app's ``consume_from`` unless given."""
+    from celery.app.amqp import AMQP
+
+    return (
+        _callable("connection")(purge)
+        and "TaskConsumer(conn).purge()" in inspect.getsource(purge)
+        and "self.queues.consume_from.values()" in inspect.getsource(AMQP.TaskConsumer)
+    )
+
+
+def _payload(obj: Any) -> bool:
+    """``Request._payload``: a cached property whose value is the body's 3-tuple."""
+    import functools
+
+    return isinstance(obj, functools.cached_property) and obj.attrname == "_payload"
+
+
 PRIVATE: tuple[Private, ...] = (
     Private("celery.worker.state", "revoked", lambda o: _is_set(o) and hasattr(o, "purge"),
             "the LimitedSet of revoked ids", "sync: revokes merged into the worker"),
@@ -347,8 +401,27 @@ PRIVATE: tuple[Private, ...] = (
             "QoS()._delivered (dict) and _dirty (set): messages delivered, and acked of them",
             "testing plugin: a worker with a message unacked is not settled",
             fallback="the plugin's settle sees only queues and requests", probe=True),
+    Private("celery.worker.request", "Request._payload", _payload,
+            "a cached property: the message body's (args, kwargs, embed)",
+            "covered messages: their callbacks, errbacks, chain and chord kept for their end",
+            fallback="the message's payload (kombu's Message.payload), the same tuple"),
     Private("kombu.connection", "Connection.collect", _callable(),
             "Connection.collect()", "Redis close guard: wraps the close of a lost connection"),
+    Private("celery.bin.purge", "purge", _purge_command,
+            "a click command with -f, -Q and -X, emptying -Q (else every queue the app "
+            "declares) but -X",
+            "delay store: celery purge drops the tasks parked for the queues it empties",
+            fallback="celery purge empties the broker's queues only (app.control.purge() and "
+            "celery extras delayed --drop drop parked tasks)", probe=True),
+    Private("celery.app.base", "Celery.control_cls", _control_cls,
+            "the control class's name, 'celery.app.control:Control' by default, and "
+            "app.control made once, kept in the app's __dict__",
+            "delay store: app.control.purge() drops the tasks parked for its queues",
+            fallback="app.control.purge() empties the broker's queues only", probe=True),
+    Private("celery.app.control", "Control.purge", _control_purge,
+            "purge(connection=None), emptying the app's consume_from queues",
+            "delay store: app.control.purge() drops the tasks parked for its queues",
+            fallback="app.control.purge() empties the broker's queues only", probe=True),
     Private("kombu.connection", "Connection.release", _callable(),
             "Connection.release()", "Redis close guard: wraps the close of a lost connection"),
 )  # fmt: skip
@@ -484,6 +557,18 @@ def request_pending(request: RequestLike) -> bool:
     return request in _state.reserved_requests
 
 
+def request_embed(request: Any) -> dict[str, Any]:
+    """The *embed* of a worker request's body (protocol 2: ``callbacks``, ``errbacks``,
+    ``chain``, ``chord``), which Celery merges into the task's context only in the pool;
+    ``{}`` when the body has none (or is not a protocol 2 body)."""
+    try:
+        payload = request._payload
+    except AttributeError:
+        payload = getattr(getattr(request, "message", None), "payload", None)
+    embed = payload[2] if isinstance(payload, tuple | list) and len(payload) == 3 else None
+    return embed if isinstance(embed, dict) else {}
+
+
 def task_reserved(request: RequestLike) -> None:
     """Reserve *request* as Celery's strategy does before handing it to the pool."""
     _state.task_reserved(request)
@@ -604,3 +689,92 @@ def replace_connection_close(
 def drop_acks(channel: Any, dropped: Callable[..., None]) -> None:
     """Make ``basic_ack``/``basic_reject`` of a kombu channel call *dropped* instead."""
     channel.basic_ack = channel.basic_reject = dropped
+
+
+# -- the command line and app.control ----------------------------------------------------------
+
+#: Called by ``celery purge`` once it emptied the broker's queues (:func:`after_purge_command`).
+AfterPurge = Callable[[click.Context, set[str]], None]
+_after_purge: list[AfterPurge] = []
+
+
+def purge_command_queues(
+    app: Any, queues: Iterable[str] | None, exclude_queues: Iterable[str] | None
+) -> set[str]:
+    """The queues ``celery purge`` empties: those of ``-Q`` (else every queue the app
+    declares) but those of ``-X``, as ``celery/bin/purge.py`` computes them."""
+    return set(queues or app.amqp.queues.keys()) - set(exclude_queues or [])
+
+
+def after_purge_command(after: AfterPurge, on: bool = True, note: str = "") -> bool:
+    """Make ``celery purge`` call ``after(ctx, queues)`` once it has emptied the broker's
+    *queues* (not when it was refused at its prompt, nor when it failed); *on* ``False``
+    stops that. *note*: a paragraph added, once, to the command's help. Celery's command is
+    wrapped once, in place (its callback): the command group it belongs to adds it after
+    loading the ``celery.commands`` plugins, so it cannot be replaced. ``False`` (nothing
+    done) when Celery's command is not of the shape relied on."""
+    from celery.bin.purge import purge
+
+    if missing([e for e in PRIVATE if e.name == "celery.bin.purge.purge"]):
+        return False
+    if note and note not in (purge.help or ""):
+        purge.help = f"{(purge.help or '').rstrip()}\n\n{note}"
+    if not getattr(purge.callback, "_extras_after_purge", False):
+        original = purge.callback
+        assert original is not None
+
+        @functools.wraps(original)
+        def callback(*args: Any, **params: Any) -> Any:
+            result = original(*args, **params)
+            ctx = click.get_current_context()
+            names = purge_command_queues(ctx.obj.app, params.get("queues"),
+                                         params.get("exclude_queues"))  # fmt: skip
+            for each in list(_after_purge):
+                each(ctx, names)
+            return result
+
+        callback._extras_after_purge = True  # type: ignore[attr-defined]
+        purge.callback = callback
+    if on and after not in _after_purge:
+        _after_purge.append(after)
+    elif not on and after in _after_purge:
+        _after_purge.remove(after)
+    return True
+
+
+def control_purge_queues(app: Any) -> list[str]:
+    """The queues ``app.control.purge()`` empties: those ``app.amqp.TaskConsumer`` consumes
+    by default, the app's ``consume_from`` (outside a worker, every queue it declares)."""
+    return list(app.amqp.queues.consume_from)
+
+
+_mixes: dict[tuple[type[Any], type[Any]], type[Any]] = {}
+
+
+def _mixed(mixin: type[Any], base: type[Any]) -> type[Any]:
+    """*base* with *mixin* first in its MRO (made once per pair)."""
+    if issubclass(base, mixin):
+        return base
+    mixed = _mixes.get((mixin, base))
+    if mixed is None:
+        name = f"{mixin.__name__}{base.__name__}"
+        mixed = _mixes[mixin, base] = type(name, (mixin, base), {"__module__": mixin.__module__})
+    return mixed
+
+
+def with_control_mixin(app: Any, mixin: type[Any]) -> None:
+    """Make *app*'s ``app.control`` a *mixin* (a subclass of Celery's ``Control`` whose
+    methods end in ``super()``) on top of the app's own control class, whatever it is
+    (Celery's, a user's, another capability's): through ``app.control_cls``, or, where
+    ``app.control`` was made already (a cached property, kept in the app's ``__dict__``),
+    on that instance."""
+    from kombu.utils.imports import symbol_by_name
+
+    made = vars(app).get("control")
+    if made is not None:
+        if not isinstance(made, mixin):
+            made.__class__ = _mixed(mixin, type(made))
+        return
+    current = app.control_cls
+    base = symbol_by_name(current) if isinstance(current, str) else current
+    app.control_cls = _mixed(mixin, base)

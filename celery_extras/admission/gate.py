@@ -103,6 +103,9 @@ class Ticket:
     unseen: int = 0
     #: how it ended: ``None``, or the seconds until its retry when it raised ``Retry``
     retry_in: float | None = None
+    #: how it ended, as the main process saw it: ``True`` (returned), the exception it
+    #: raised, or ``None`` (not known: killed, revoked)
+    outcome: Any = None
 
 
 class Gate:

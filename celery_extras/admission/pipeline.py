@@ -20,10 +20,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from celery import signals
+from celery import states
 
 from .. import compat
 from ..delay.gate import DELAY_ATTR
+from .covered import CoveredMessage, Outcome, context_of, end_covered
 from .gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Refuse, Ticket
 from .request_hook import request_hook
 from .waits import TimerHolds, park_message
@@ -160,14 +161,16 @@ class Pipeline:
 
     def _refused(self, ticket: Ticket, error: str) -> None:
         """*ticket* can never pass a gate: it fails with :class:`AdmissionRefused`, as a task
-        that raised it would (result, event, ``task_failure``), and its message is acked."""
+        that raised it would (result, errbacks, the rest of its chain and its chord part
+        failed, ``task_failure``, event: :func:`~.covered.end_covered`'s failure), and its
+        message is acked."""
         logger.error("celery-extras: %s[%s] refused: %s", ticket.name, ticket.request.id, error)
         request, exc = ticket.request, AdmissionRefused(error)
         compat.forget_held(request)
         try:
-            request.task.backend.mark_as_failure(request.id, exc, store_result=request.store_errors)
-            signals.task_failure.send(sender=request.task, task_id=request.id, exception=exc,
-                                      args=request.args, kwargs=request.kwargs)  # fmt: skip
+            ending = CoveredMessage(request.id, context_of(request))
+            failed = Outcome(states.FAILURE, exc, None, request.id)
+            end_covered(request.task.app, ticket.name, ending, failed)
             request.send_event("task-failed", exception=repr(exc), traceback="")
         except Exception:  # a result backend that fails: the message still goes
             logger.exception("celery-extras: could not store the failure of %s", request.id)
@@ -205,17 +208,26 @@ class Pipeline:
 
     # -- endings -----------------------------------------------------------------------------
 
-    def finished(self, request: Any, retry_in: float | None = None) -> None:
+    def finished(self, request: Any, retry_in: float | None = None, outcome: Any = None) -> None:
         """*request* ended (any way; *retry_in*: the seconds until its retry, if it raised
-        ``Retry``): the gates it passed that listen hear it, once."""
+        ``Retry``; *outcome*: how, as the request hook saw it): the gates it passed that
+        listen hear it, once."""
         ticket = self.admitted.pop(id(request), None)
         if ticket is None:
             return
         if ticket.request is not request:  # another request at a reused address
             self.admitted[id(request)] = ticket
             return
-        ticket.retry_in = retry_in
+        ticket.retry_in, ticket.outcome = retry_in, outcome
         for gate in self.chains[ticket.name]:
+            if gate.hears_endings:
+                gate.finished(ticket)
+
+    def ended(self, ticket: Ticket, retry_in: float | None = None, outcome: Any = None) -> None:
+        """*ticket*, kept by a gate that ran it itself (a batch), ended: the gates before
+        that one that listen hear it, once."""
+        ticket.retry_in, ticket.outcome = retry_in, outcome
+        for gate in self.chains[ticket.name][: ticket.stage]:
             if gate.hears_endings:
                 gate.finished(ticket)
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from celery.exceptions import Retry, TaskRevokedError
 from celery.worker.request import Request
 
-__all__ = ["OutcomeListener", "RequestHook", "request_hook", "retry_in"]
+__all__ = ["SUCCEEDED", "OutcomeListener", "RequestHook", "request_hook", "retry_in"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,11 @@ class OutcomeListener(Protocol):
 
 def _nothing(*args: Any) -> None:
     pass
+
+
+#: *finish*'s *outcome* for a request that returned (a failure is its exception; ``None``:
+#: the main process does not know, as for a killed or revoked one)
+SUCCEEDED = True
 
 
 def retry_in(exc: Any) -> float | None:
@@ -64,6 +69,21 @@ def _retry_of_result(failed__retval__runtime: Any) -> float | None:
     return retry_in(getattr(retval, "exception", None)) if failed else None
 
 
+def _outcome_of_result(failed__retval__runtime: Any) -> Any:
+    """:data:`SUCCEEDED`, or the exception of a failure reported through ``on_success``."""
+    try:
+        failed, retval, _ = failed__retval__runtime
+    except (TypeError, ValueError):
+        return None
+    return _exception(retval) if failed else SUCCEEDED
+
+
+def _exception(exc_info: Any) -> BaseException | None:
+    exc = getattr(exc_info, "exception", None)
+    exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback
+    return exc if isinstance(exc, BaseException) else None
+
+
 #: :meth:`RequestHook.listen`'s "leave this listener as it is"
 _KEEP: Any = object()
 
@@ -73,7 +93,7 @@ class RequestHook:
 
     def __init__(self) -> None:
         self._classes: dict[type[Request], type[Request]] = {}
-        self._finish: Callable[[Any, float | None], None] | None = None
+        self._finish: Callable[[Any, float | None, Any], None] | None = None
         self._outcomes: OutcomeListener | None = None
         self._wrapped: Callable[[Any], Any] | None = None
         # what the hooked classes call, rebound as listeners come and go
@@ -86,8 +106,9 @@ class RequestHook:
 
     def listen(self, *, finish: Any = _KEEP, outcomes: Any = _KEEP) -> None:
         """Set (or with ``None`` clear) the admission pipeline's *finish*
-        (``finish(request, retry_in)``: *retry_in* as :func:`retry_in` says) and the stats'
-        *outcomes* (an :class:`OutcomeListener`); one not given stays as it is."""
+        (``finish(request, retry_in, outcome)``: *retry_in* as :func:`retry_in` says,
+        *outcome* :data:`SUCCEEDED`, the exception, or ``None``) and the stats' *outcomes*
+        (an :class:`OutcomeListener`); one not given stays as it is."""
         if finish is not _KEEP:
             self._finish = finish
         if outcomes is not _KEEP:
@@ -96,7 +117,7 @@ class RequestHook:
 
     def _rebind(self) -> None:
         finish, outcomes = self._finish, self._outcomes
-        self.ended = (lambda request: finish(request, None)) if finish else _nothing
+        self.ended = (lambda request: finish(request, None, None)) if finish else _nothing
         self.started = outcomes.started if outcomes else _nothing
         if finish is None:
             self.succeeded = outcomes.succeeded if outcomes else _nothing
@@ -106,11 +127,12 @@ class RequestHook:
         count_failure = outcomes.failed if outcomes else _nothing
 
         def succeeded(request: Any, result: Any) -> None:
-            finish(request, _retry_of_result(result))  # the next starts while Celery acks
+            # the next starts while Celery acks
+            finish(request, _retry_of_result(result), _outcome_of_result(result))
             count_success(request, result)
 
         def failed(request: Any, exc_info: Any) -> None:
-            finish(request, retry_in(getattr(exc_info, "exception", None)))
+            finish(request, retry_in(getattr(exc_info, "exception", None)), _exception(exc_info))
             count_failure(request, exc_info)
 
         self.succeeded, self.failed = succeeded, failed

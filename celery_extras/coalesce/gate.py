@@ -5,12 +5,15 @@ holds (:class:`~.redis_holds.RedisHolds`, or with no store this worker's
 :class:`~.table.CoalesceTable`) what it does:
 
 * **run**: it goes on to the next gates, then the pool; its hold is renewed every
-  third of the lease until the pipeline hears it end, then freed, and its result is
-  copied to every message it covered (:mod:`.results`). A run that ends in a retry
+  third of the lease until the pipeline hears it end, then freed, and every message it
+  covered ends as if it had run with its outcome (:mod:`~celery_extras.admission.covered`:
+  result, callbacks, chain, chord part, signal). A run that ends in a retry
   keeps the hold for its retry; one parked by a later gate, or dropped with a lost
   connection, keeps it for whichever worker receives it next;
 * **covered**: its message is acked and counted ``coalesced`` (it takes no token
-  and no slot);
+  and no slot); its ending context went to the holds with the verdict, so whichever
+  worker ends the covering run ends it. Covered by a run that has ended already, it
+  ends here, then is acked;
 * **wait**: it is this key's waiting run, held here (unacked, no pool slot, the
   prefetch window widened) until the run ends: a release notice (or, should one be
   lost, its next renewal) asks again. Held longer than ``extras_limit_max_hold``, it
@@ -30,10 +33,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery import Celery
+from celery import Celery, states
+from celery.exceptions import TaskRevokedError
 from celery.signals import task_revoked
 
 from .. import compat
+from ..admission.covered import (
+    CoveredEndings,
+    CoveredMessage,
+    Outcome,
+    context_of,
+    decode_context,
+    encode_context,
+)
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
 from ..admission.notices import ALL, Bucket, ReleaseNotices
 from ..admission.spec import call_key
@@ -42,17 +54,18 @@ from ..delay.gate import DELAY_ATTR
 from ..signals import task_coalesced
 from ..store.client import store_user
 from .holds import Holds
-from .results import ResultCopies
 from .sent import sent_at
 from .spec import CoalesceSpec
 from .table import Finished, Verdict
 
-__all__ = ["ASK_AGAIN", "CoalesceGate", "Holding"]
+__all__ = ["ASK_AGAIN", "CONTEXT_NOTE", "CoalesceGate", "Holding"]
 
 logger = logging.getLogger("celery_extras.coalesce")
 
 #: Longest a waiting run goes without asking again, should every release notice be lost.
 ASK_AGAIN = 1.0
+#: :attr:`Ticket.notes` key of a message's ending context (JSON text, made once)
+CONTEXT_NOTE = "coalesce.context"
 
 
 @dataclass
@@ -70,6 +83,19 @@ class Holding:
     run_due: float = 0.0
     #: a run whose hold ran out before renewal (another run of its key may have started)
     lost: bool = False
+
+
+def _known(ticket: Ticket) -> Outcome:
+    """The outcome of *ticket*'s run as the worker saw it (for a task that stores no
+    result): its exception, else success (its return value stays in its pool process)."""
+    run_id = ticket.request.id
+    if isinstance(ticket.outcome, BaseException):
+        return Outcome(states.FAILURE, ticket.outcome, None, run_id)
+    if ticket.outcome is None and run_id in compat.worker_revoked():
+        return Outcome(states.REVOKED, TaskRevokedError("revoked"), None, run_id)
+    if ticket.outcome is None:
+        return Outcome(states.FAILURE, RuntimeError("the covering run ended unseen"), None, run_id)
+    return Outcome(states.SUCCESS, None, None, run_id)
 
 
 def _renewals_due(
@@ -113,7 +139,9 @@ class CoalesceGate(Gate):
         self.worker = uuid.uuid4().hex[:16]
         self.holding: dict[int, tuple[Ticket, Holding]] = {}  # runs, by id(request)
         self.waiting: dict[Bucket, list[tuple[Ticket, Holding]]] = {}
-        self.results = ResultCopies(app)
+        self.endings = CoveredEndings(app)
+        #: covered messages ending here before their ack (covered by a run that ended)
+        self.ending: dict[int, Ticket] = {}
         self.notices = ReleaseNotices(self.wake, "coalescing")
         self.counts = {"runs": 0, "coalesced": 0, "waited": 0, "parked": 0, "unheld": 0,
                        "lost_holds": 0}  # fmt: skip
@@ -161,9 +189,12 @@ class CoalesceGate(Gate):
         retries = headers.get("retries")
         retries = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
         sent = sent_at(headers, getattr(request, "eta", None), self.wall())
+        context = ticket.notes.get(CONTEXT_NOTE)
+        if context is None:
+            context = ticket.notes[CONTEXT_NOTE] = encode_context(context_of(request))
         holding.asked = self.clock()
         return self.holds.ask(holding.bucket, request.id, sent, holding.holder, spec.lease,
-                              spec.keep, retries)  # fmt: skip
+                              spec.keep, retries, context)  # fmt: skip
 
     def _answer(self, ticket: Ticket, holding: Holding, verdict: Verdict, queued: bool) -> Answer:
         if verdict.kind == "run":
@@ -172,9 +203,10 @@ class CoalesceGate(Gate):
             return RUN
         if verdict.kind == "covered":
             self.counts["coalesced"] += 1
-            if verdict.ended:  # by a run that has ended: its result is there already
-                self.results.schedule(self._consumer, ticket.name, verdict.by, [ticket.request.id])
             task_coalesced.send(sender=ticket.name, request=ticket.request, by=verdict.by)
+            if verdict.ended:  # by a run that has ended: it ends here, then is acked
+                self._end_here(ticket, verdict.by)
+                return QUEUED
             return COVERED
         # ask again when the run's lease ends (its worker may have died), at the latest
         holding.next_ask = holding.asked + min(ASK_AGAIN, holding.lease / 3, verdict.due + 0.005)
@@ -195,7 +227,9 @@ class CoalesceGate(Gate):
                     holding.next_ask = holding.asked + self.store_retry
                     continue
                 answer = self._answer(ticket, holding, verdict, queued=True)
-                if answer is not QUEUED:
+                if verdict.kind == "covered" and verdict.ended:
+                    self._unwait(one, ticket)  # ending here (see _end_here)
+                elif answer is not QUEUED:
                     self._unwait(one, ticket)
                     self._pipeline.resume(ticket, answer)
 
@@ -207,6 +241,25 @@ class CoalesceGate(Gate):
             self.waiting.pop(bucket, None)
 
     # -- endings -------------------------------------------------------------------------------
+
+    def _end_here(self, ticket: Ticket, by: str) -> None:
+        """End *ticket*'s message, covered by run *by* that has ended, with that run's
+        outcome; ack it only then (a worker dying meanwhile has the broker deliver it again)."""
+        self.ending[id(ticket)] = ticket
+        message = CoveredMessage(ticket.request.id, context_of(ticket.request))
+
+        def ended() -> None:
+            if self.ending.pop(id(ticket), None) is ticket:
+                self._pipeline.resume(ticket, COVERED)
+
+        self.endings.schedule(self._consumer, ticket.name, by, [message], done=ended)
+
+    def _end_covered(self, name: str, by: str, done: Finished, known: Outcome) -> None:
+        """End the messages run *by* covered (as *done* lists them) with its outcome (the
+        stored one, else *known*)."""
+        messages = [CoveredMessage(one, decode_context(done.contexts.get(one), one))
+                    for one in done.covered]  # fmt: skip
+        self.endings.schedule(self._consumer, name, by, messages, known=known)
 
     def finished(self, ticket: Ticket) -> None:
         """The run ended: free its key (or keep it for its retry), copy its result to what
@@ -222,7 +275,7 @@ class CoalesceGate(Gate):
                                            holding.holder)  # fmt: skip
         if done is None:
             return
-        self.results.schedule(self._consumer, ticket.name, ticket.request.id, done.covered)
+        self._end_covered(ticket.name, ticket.request.id, done, _known(ticket))
         if done.parked:
             self._hurry(done.parked)
         if holding.bucket in self.waiting:
@@ -267,9 +320,10 @@ class CoalesceGate(Gate):
             return
         spec = self.specs[name]
         bucket = (name, call_key(name, spec.key, request, "coalesce", "key", logger))
-        covered = self.holds.call("drop", bucket, task_id)
-        if covered:
-            self.results.schedule(self._consumer, name, task_id, covered)
+        dropped: Finished | None = self.holds.call("drop", bucket, task_id)
+        if dropped is not None:
+            revoked = Outcome(states.REVOKED, TaskRevokedError("revoked"), None, task_id)
+            self._end_covered(name, task_id, dropped, revoked)
 
     def yielded(self, ticket: Ticket, seconds: float) -> None:
         found = self.holding.pop(id(ticket.request), None)
@@ -288,6 +342,9 @@ class CoalesceGate(Gate):
                 compat.forget_held(ticket.request)
                 self.holds.call("forget", bucket, ticket.request.id, holding.holder)
         self.waiting.clear()
+        for ticket in self.ending.values():  # acked by nobody: the broker delivers it again
+            compat.forget_held(ticket.request)
+        self.ending.clear()
         admitted = self._pipeline.admitted if self._pipeline is not None else {}
         for key, (ticket, holding) in list(self.holding.items()):
             if key not in admitted:
@@ -321,7 +378,7 @@ class CoalesceGate(Gate):
         self._park_long_waits(now)
 
     def queued(self) -> int:
-        return sum(len(waits) for waits in self.waiting.values())
+        return sum(len(waits) for waits in self.waiting.values()) + len(self.ending)
 
     def info(self) -> dict[str, Any]:
         tasks = {name: {**spec.describe(), "running": 0, "waiting": 0}
@@ -333,8 +390,7 @@ class CoalesceGate(Gate):
         return {
             "tasks": tasks,
             **self.counts,
-            "results_copied": self.results.copied,
-            "results_given_up": self.results.gave_up,
+            **{f"covered_{what}": count for what, count in self.endings.counts.items()},
             "store": "shared" if self.holds.shared else "worker",
             **self.health.info(),
             "on_store_error": self.on_store_error,

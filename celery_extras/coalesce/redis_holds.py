@@ -52,10 +52,11 @@ class RedisHolds:
         return self._script(keys=[self.hash_key(*bucket)], args=list(args))
 
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
-            keep: str, retries: int) -> Verdict:  # fmt: skip
-        """What message *mid* (sent at *sent*, epoch seconds) does (see :meth:`.table.ask`)."""
+            keep: str, retries: int, context: str = "") -> Verdict:  # fmt: skip
+        """What message *mid* (sent at *sent*, epoch seconds) does, keeping its ending
+        *context* when covered (see :meth:`.table.ask`)."""
         reply = self._call(bucket, "ask", mid, holder, int(sent * 1000), _ms(lease), keep,
-                           retries, *bucket)  # fmt: skip
+                           retries, *bucket, context)  # fmt: skip
         due = int(reply[2]) / 1000 if len(reply) > 2 else 0.0
         ended = len(reply) > 3 and int(reply[3]) == 1
         return Verdict(cast("Any", _text(reply[0])), _text(reply[1]), due, ended)
@@ -68,7 +69,8 @@ class RedisHolds:
             return None
         if int(reply[0]):
             self.client.publish(self.channel, notice(*bucket))
-        return Finished([_text(one) for one in reply[2:]], _text(reply[1]))
+        covered, contexts = _covered(reply[2:])
+        return Finished(covered, _text(reply[1]), contexts)
 
     def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
                    lease: float) -> bool:  # fmt: skip
@@ -80,10 +82,13 @@ class RedisHolds:
         """The waiting run *mid* was parked as *entry*, due in *seconds* (see the table's)."""
         return bool(self._call(bucket, "parked", mid, holder, _ms(seconds + lease), entry))
 
-    def drop(self, bucket: Bucket, mid: str) -> list[str] | None:
+    def drop(self, bucket: Bucket, mid: str) -> Finished | None:
         """Celery discarded *mid* before it ran (see the table's): what it covered."""
         reply = self._call(bucket, "dropped", mid, "")
-        return [_text(one) for one in reply[1:]] if reply else None
+        if not reply:
+            return None
+        covered, contexts = _covered(reply[1:])
+        return Finished(covered, "", contexts)
 
     def forget(self, bucket: Bucket, mid: str, holder: str) -> None:
         """The waiting run *mid* was dropped by *holder* (the broker delivers it again)."""
@@ -110,6 +115,16 @@ class RedisHolds:
             orphans = _parse(state.get("o"))
             out["orphans"] = len(orphans) if isinstance(orphans, list) else 0
             yield out
+
+
+def _covered(parts: list[Any]) -> tuple[list[str], dict[str, str]]:
+    """The covered ids and their contexts of a ``finish``/``dropped`` reply's tail
+    (``[ids, contexts]``; a flat list of ids from a script before contexts)."""
+    if len(parts) == 2 and all(isinstance(part, list) for part in parts):
+        ids = [_text(one) for one in parts[0]]
+        texts = [_text(one) if one else "" for one in parts[1]]
+        return ids, {one: text for one, text in zip(ids, texts, strict=False) if text}
+    return [_text(one) for one in parts], {}
 
 
 def _parse(raw: str | None) -> Any:

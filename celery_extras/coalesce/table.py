@@ -13,6 +13,12 @@ that reaches a worker:
 * ``"wait"``: the key runs, and started before this message was sent: this message is
   the waiting run, asked again (:meth:`ask` with the same id) when the run ends.
 
+A covered message's *ending context* (JSON text, see
+:mod:`celery_extras.admission.covered`) is kept with its id until the run covering it
+ends (:meth:`CoalesceTable.finish` hands them back with the ids), so whichever worker
+ends that run ends the message as if it had run; an id covered without one gets its
+result only.
+
 A key remembers its last run's start for :data:`REMEMBER` seconds after it ended, so a
 message sent before that run started but delivered after it ended (a backlog, a
 prefetched batch) is covered by it too. A run whose lease ran out (its worker died)
@@ -67,6 +73,8 @@ class KeyState:
     orphans: list[str] = field(default_factory=list)
     #: the last run that ended (its id and cutoff), and until when it is remembered
     last: Hold | None = None
+    #: covered id -> its ending context (JSON text), until the run covering it ends
+    contexts: dict[str, str] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return self.run is None and self.wait is None and not self.covered and not self.orphans
@@ -87,11 +95,13 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Finished:
-    """A run ended: the ids it covered, and the delay-store entry of the waiting run if it
-    is parked (the finisher makes it due at once)."""
+    """A run ended (or was dropped): the ids it covered, the delay-store entry of the waiting
+    run if it is parked (the finisher makes it due at once), and the ending contexts stored
+    with the covered ids (by id; an id without one is absent)."""
 
     covered: list[str]
     parked: str = ""
+    contexts: dict[str, str] = field(default_factory=dict)
 
 
 RUN = Verdict("run")
@@ -148,9 +158,17 @@ class CoalesceTable:
         return RUN
 
     def ask(self, key: Hashable, mid: str, sent: float, holder: str, lease: float,
-            keep: str = "first", retries: int = 0) -> Verdict:  # fmt: skip
-        """Message *mid* of *key*, sent at *sent*, reached *holder*: what it does."""
+            keep: str = "first", retries: int = 0, context: str = "") -> Verdict:  # fmt: skip
+        """Message *mid* of *key*, sent at *sent*, reached *holder*: what it does. Covered by
+        a run (or the waiting run) that has not ended, it keeps its ending *context*."""
         state = self._state(key)
+        verdict = self._decide(state, mid, sent, holder, lease, keep, retries)
+        if verdict.kind == "covered" and verdict.by != mid and not verdict.ended and context:
+            state.contexts[mid] = context
+        return verdict
+
+    def _decide(self, state: KeyState, mid: str, sent: float, holder: str, lease: float,
+                keep: str, retries: int) -> Verdict:  # fmt: skip
         run, wait = state.run, state.wait
         now = self.clock()
         if run is not None and run.id == mid:
@@ -197,8 +215,13 @@ class CoalesceTable:
         state.last = Hold(mid, holder, self.clock() + REMEMBER, cutoff=run.cutoff)
         covered = self._release(state, mid)
         parked = state.wait.entry if state.wait is not None else ""
+        contexts = self._take_contexts(state, covered)
         self._drop_if_empty(key, state)
-        return Finished(covered, parked)
+        return Finished(covered, parked, contexts)
+
+    @staticmethod
+    def _take_contexts(state: KeyState, ids: list[str]) -> dict[str, str]:
+        return {one: state.contexts.pop(one) for one in ids if one in state.contexts}
 
     def step_aside(
         self, key: Hashable, mid: str, holder: str, seconds: float, lease: float
@@ -224,10 +247,10 @@ class CoalesceTable:
         wait.holder, wait.until, wait.entry = "", self.clock() + seconds + lease, entry
         return True
 
-    def drop(self, key: Hashable, mid: str) -> list[str] | None:
+    def drop(self, key: Hashable, mid: str) -> Finished | None:
         """Celery discarded message *mid* (revoked, expired) before it ran: if it was the
         key's waiting run, or its run between attempts, it is no more; the ids it covered
-        (to resolve as it did), or ``None`` when it held nothing."""
+        and their contexts (to end as it did), or ``None`` when it held nothing."""
         state = self._state(key)
         for hold in (state.wait, state.run):
             if hold is not None and hold.id == mid and (hold is state.wait or not hold.holder):
@@ -236,8 +259,9 @@ class CoalesceTable:
                     state.wait = None
                 else:
                     state.run = None
+                contexts = self._take_contexts(state, covered)
                 self._drop_if_empty(key, state)
-                return covered
+                return Finished(covered, "", contexts)
         return None
 
     def forget(self, key: Hashable, mid: str, holder: str) -> None:

@@ -6,7 +6,7 @@ from .entry import CLAIM_HEADER, PARKED_HEADER, Entry, due_queue_name, entry_id
 from .memory_store import MemoryDelayStore
 from .mover import Mover
 from .redis_store import RedisDelayStore, delay_keys
-from .store import Claim, Claimed, DelayStore, Take, Taken
+from .store import Claim, Claimed, DelayStore, Purged, Selection, Take, Taken
 
 __all__ = [
     "CLAIM_HEADER",
@@ -17,7 +17,9 @@ __all__ = [
     "Entry",
     "MemoryDelayStore",
     "Mover",
+    "Purged",
     "RedisDelayStore",
+    "Selection",
     "Take",
     "Taken",
     "delay_keys",

@@ -1,4 +1,5 @@
-"""The delay store as ``install(app)`` wires it: settings, the due queues, mover, gate."""
+"""The delay store as ``install(app)`` wires it: settings, the due queues, mover, gate, and
+``app.control.purge()`` dropping parked tasks too (:mod:`.purge`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .entry import DUE_SUFFIX, due_queue_name
 from .gate import DELAY_ATTR, ArrivalGate
 from .mover_thread import MoverThread
 from .parking import STORE_ERRORS, Parker, due_queue
+from .purge import connect
 
 __all__ = ["DELAY", "DelayGateStep", "DelayWorkerStep", "delayed", "parking_uses"]
 
@@ -56,7 +58,7 @@ def delayed(app: Celery) -> dict[str, Any]:
     depth}, "tasks": {name: {"parked", "next_due_in"}}, "uses", "due_queues", "store"}``:
     why the app parks, the due queues its workers consume for that, and the store's
     eviction policy."""
-    parker = Parker(app)
+    parker = Parker(app, background=True)
     store = parker.store
     summary = store.summary()
     app.loader.import_default_modules()  # the task modules a worker imports (include, imports)
@@ -78,9 +80,11 @@ def delayed(app: Celery) -> dict[str, Any]:
 
 class DelayWorkerStep(bootsteps.StartStopStep):
     """Worker step: where the app may park tasks, consume the due queue of each queue and
-    run this worker's mover; elsewhere nothing (no queue, no thread, no polling)."""
+    run this worker's mover; elsewhere nothing (no queue, no thread, no polling). The mover
+    starts after the pool: a pool process forked while it works could inherit its locks."""
 
     label = "extras-delay"
+    requires = ("celery.worker.components:Pool",)
 
     def __init__(self, w: Any, **kwargs: Any) -> None:
         super().__init__(w, **kwargs)
@@ -91,7 +95,8 @@ class DelayWorkerStep(bootsteps.StartStopStep):
         if store_url(app) is None:
             return
         settings = settings_of(app)
-        self.parker = Parker(app, settings["delay_tombstone_ttl"])
+        self.parker = Parker(app, settings["delay_tombstone_ttl"], background=True)
+        self.looking = Parker(app, settings["delay_tombstone_ttl"])  # info(), on the loop
         self.uses = parking_uses(app)
         if not self.uses:
             left = _left_parked(self.parker)
@@ -122,10 +127,15 @@ class DelayWorkerStep(bootsteps.StartStopStep):
             return {"extras_delay": {"due_queues": [], "uses": []}}
         out: dict[str, Any] = {**self.thread.info(), "due_queues": self.due_queues,
                                "uses": self.uses}  # fmt: skip
+        looking = self.looking
+        if not looking.health.up():  # asked on the worker's loop: never wait on it
+            out["depth"], out["store"] = None, f"down: {looking.health.reason}"[:200]
+            return {"extras_delay": out}
         try:
-            out["depth"] = out["parked"] = self.parker.store.depth()  # the whole store's
+            out["depth"] = out["parked"] = looking.store.depth()  # the whole store's
             out["store"] = "ok"
         except STORE_ERRORS as exc:
+            looking.store_failed("reading its depth", exc)
             out["depth"], out["store"] = None, f"down: {exc!r}"[:200]
         return {"extras_delay": out}
 
@@ -291,4 +301,5 @@ DELAY = Capability(
     ),
     worker_steps=(DelayWorkerStep,),
     consumer_steps=(DelayGateStep,),
+    connect=connect,
 )

@@ -2,14 +2,14 @@
 
 :class:`ArrivalGate` sees every task message before its strategy. A message a
 mover published (header ``extras_parked``) takes its entry in the store first:
-a duplicate is acked and dropped, a message whose entry, task or claim token
-the store does not know is an ordinary message (no booked slot: a forged header
-buys nothing), and a limited task that took its entry keeps its booked slot for
-the limits (:meth:`ArrivalGate.pop_slot`). With ``extras_eta_store``, a message
-whose ETA is further away than ``extras_eta_threshold`` is parked and only then
-acked. While the store cannot answer, such messages wait in the worker's timer,
-unacked. The mover thread, which publishes the parked entries, is in
-:mod:`.mover_thread`.
+a duplicate, or a copy of an entry purged meanwhile (``celery purge``), is acked
+and dropped, a message whose entry, task or claim token the store does not know
+is an ordinary message (no booked slot: a forged header buys nothing), and a
+limited task that took its entry keeps its booked slot for the limits
+(:meth:`ArrivalGate.pop_slot`). With ``extras_eta_store``, a message whose ETA is
+further away than ``extras_eta_threshold`` is parked and only then acked. While
+the store cannot answer, such messages wait in the worker's timer, unacked. The
+mover thread, which publishes the parked entries, is in :mod:`.mover_thread`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class ArrivalGate:
         #: other limits whose token it holds
         self.slots: dict[str, ReleasedSlot] = {}
         self.holds = TimerHolds()  # messages held while the store is away
-        self.counts = {"taken": 0, "duplicates": 0, "unverified": 0, "eta_parked": 0}
+        self.counts = {"taken": 0, "duplicates": 0, "purged": 0, "unverified": 0,
+                       "eta_parked": 0}  # fmt: skip
         self._warned_unverified = 0.0
 
     # -- the limits read this ------------------------------------------------------------------
@@ -134,7 +135,8 @@ class ArrivalGate:
         return False
 
     def verify(self, name: str, headers: Any) -> str:
-        """``"run"`` (it took its entry), ``"drop"`` (a duplicate), ``"ordinary"`` (unknown)."""
+        """``"run"`` (it took its entry), ``"drop"`` (a duplicate, or purged), ``"ordinary"``
+        (unknown)."""
         eid, token, task_id = (
             headers.get(PARKED_HEADER),
             headers.get(CLAIM_HEADER),
@@ -147,6 +149,11 @@ class ArrivalGate:
         if taken.status is Take.DUPLICATE:
             self.counts["duplicates"] += 1
             logger.info("celery-extras: dropping a second copy of released %s[%s]", name, task_id)
+            return "drop"
+        if taken.status is Take.PURGED:
+            self.counts["purged"] += 1
+            logger.info("celery-extras: dropping released %s[%s]: purged from the delay store",
+                        name, task_id)  # fmt: skip
             return "drop"
         if taken.status is Take.UNKNOWN:
             self._unverified(name, "not in the delay store")

@@ -1,7 +1,7 @@
 """The delay store in one process's memory, on an injectable clock.
 
 :class:`MemoryDelayStore` implements the rules of :mod:`.store` (park, claim,
-release, take) in a dict. It is the reference the Redis scripts
+release, take, purge) in a dict. It is the reference the Redis scripts
 (:class:`~.redis_store.RedisDelayStore`) are tested against, and the store of
 the unit tests. No Celery import.
 """
@@ -14,7 +14,19 @@ from dataclasses import dataclass, field
 
 from ..clock import monotonic
 from .entry import Entry
-from .store import AHEAD_KINDS, HERD_WIDTH, MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
+from .store import (
+    AHEAD_KINDS,
+    HERD_WIDTH,
+    MAX_TOKENS,
+    PURGED_MARK,
+    Claim,
+    Claimed,
+    Purged,
+    Selection,
+    Take,
+    Taken,
+    TaskSummary,
+)
 
 __all__ = ["MemoryDelayStore"]
 
@@ -116,6 +128,8 @@ class MemoryDelayStore:
         if record.taken_by is not None:
             if record.taken_by == token:
                 return Taken(Take.REDELIVERED, _until(record.due, now), record.kind)
+            if record.taken_by == PURGED_MARK:
+                return Taken(Take.PURGED, _until(record.due, now), record.kind)
             return Taken(Take.DUPLICATE, _until(record.due, now), record.kind)
         record.taken_by, record.taken_at, record.raw = token, now, None
         record.released = False
@@ -149,3 +163,27 @@ class MemoryDelayStore:
                 due_in = _until(record.due, now)
                 entry.next_in = due_in if entry.next_in is None else min(entry.next_in, due_in)
         return out
+
+    def purge(self, selection: Selection) -> Purged:
+        now = self.clock()
+        parked = on_their_way = kept = 0
+        for record in self.records.values():
+            if record.taken_by is not None or record.raw is None:
+                continue
+            hit = record.name in selection.tasks
+            if not hit and selection.by_queue:
+                try:
+                    entry = Entry.loads(record.raw)
+                except ValueError:
+                    continue  # left to the mover, which discards it
+                hit = selection.matches(entry.task, entry.queue, entry.exchange,
+                                        entry.routing_key)  # fmt: skip
+                kept += not hit and not entry.queue
+            if hit:
+                if record.tokens:
+                    on_their_way += 1
+                else:
+                    parked += 1
+                record.taken_by, record.taken_at, record.raw = PURGED_MARK, now, None
+                record.released = False
+        return Purged(parked, on_their_way, kept)

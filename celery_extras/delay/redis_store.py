@@ -44,9 +44,9 @@ from ..scripts import NOW, load, register
 from ..store.client import LazyCluster, StoreClient
 from .entry import Entry
 from .shards import MAX_SHARDS, Shard, first_shard, layout, shard_named, shard_of
-from .store import MAX_TOKENS, Claim, Claimed, Take, Taken, TaskSummary
+from .store import MAX_TOKENS, Claim, Claimed, Purged, Selection, Take, Taken, TaskSummary
 
-__all__ = ["ParkNotReplicated", "RedisDelayStore", "delay_keys"]
+__all__ = ["PURGE_PAGE", "ParkNotReplicated", "RedisDelayStore", "delay_keys"]
 
 # Each script's KEYS, ARGV and reply are documented atop its file in celery_extras/scripts/.
 #: Every timed script starts with the Redis server's time in ms (``scripts/now_ms.lua``).
@@ -110,6 +110,15 @@ HURRY = NOW + load("delay_hurry")
 WITHDRAW = load("delay_withdraw")
 
 
+#: Drop the entries of one page of a shard that a selection names (``scripts/delay_purge.lua``);
+#: flagged ``allow-oom`` (:class:`_DrainingScript`): purging is how a full store is emptied.
+PURGE = NOW + load("delay_purge")
+
+#: Entries a purge script call looks at (``HSCAN ... COUNT``): each call is atomic and short
+#: (a few ms), so a purge of a million entries never stops the store's Redis for long.
+PURGE_PAGE = 500
+
+
 def _whole_ms(seconds: float) -> int:
     """*seconds* in whole ms, never short of it (a parked wait never ends early) but for a
     float's last digits (0.1 - 0.0999... is 0, not 1 ms)."""
@@ -151,6 +160,7 @@ class RedisDelayStore:
         self._take = _DrainingScript(client, TAKE)
         self._discard = register(client, DISCARD)
         self._hurry = register(client, HURRY)
+        self._purge = _DrainingScript(client, PURGE)
         self._registered = len(self.layout) == 1
         self._known: tuple[Shard, ...] = (first_shard(prefix), *self.layout)
         self._known_at = -math.inf
@@ -330,3 +340,24 @@ class RedisDelayStore:
                 due_in = (due - now) / 1000
                 entry.next_in = due_in if entry.next_in is None else min(entry.next_in, due_in)
         return out
+
+    def purge(self, selection: Selection, page: int = PURGE_PAGE) -> Purged:
+        """Drop what *selection* names in every shard (:meth:`shards`: this layout's, the
+        first and every layout registered), a page of about *page* entries per script call:
+        each call is atomic, and a shard of no more than *page* entries is purged in one.
+        Paging by ``HSCAN`` visits every entry present from the first call to the last. A
+        call the client retries after losing its reply runs its page again: what the first
+        run dropped is not found again, so the count may then fall short, never the purge."""
+        purged = Purged()
+        payload = selection.dumps()
+        for shard in self.shards():
+            k = shard.keys
+            keys = [k["due"], k["meta"], k["msg"], k["taken"], k["released"]]
+            cursor = "0"
+            while True:
+                reply = cast("list[Any]", self._purge(keys=keys, args=[cursor, page, payload]))
+                purged += Purged(int(reply[1]), int(reply[2]), int(reply[3]))
+                cursor = str(reply[0])
+                if cursor == "0":
+                    break
+        return purged

@@ -26,6 +26,11 @@ waiting message in memory and no leader is needed:
   ``DUPLICATE`` and is dropped; a message naming no entry, the wrong task or a
   token the store never issued is ``UNKNOWN``: it is an ordinary message, with
   no booked slot. Taken entries leave a small tombstone for *tombstone_ttl*.
+* **purge** drops the entries a :class:`Selection` names (those of some queues, for
+  ``celery purge``; those of a task name, for ``celery extras delayed --drop``), whatever
+  their state but taken: parked, claimed or released. Each leaves a tombstone, as a taken
+  entry does, so a copy a mover published already is ``PURGED`` where a worker takes it
+  (and dropped there), and the original message delivered again is not parked anew.
 
 This module holds the interface: :class:`DelayStore` and the results its
 methods return. :class:`~.memory_store.MemoryDelayStore` implements the rules
@@ -36,6 +41,7 @@ in a dict and is the reference the Redis scripts
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -47,9 +53,12 @@ __all__ = [
     "AHEAD_KINDS",
     "HERD_WIDTH",
     "MAX_TOKENS",
+    "PURGED_MARK",
     "Claim",
     "Claimed",
     "DelayStore",
+    "Purged",
+    "Selection",
     "Take",
     "Taken",
     "TaskSummary",
@@ -63,6 +72,7 @@ class Take(IntEnum):
     TAKEN = 1  # first message of the entry: run it (in its slot, for a limited task)
     REDELIVERED = 2  # the message that took it, delivered again: run it (slot passed)
     DUPLICATE = 3  # another copy of a taken entry: drop it
+    PURGED = 4  # a copy of an entry purged (``celery purge``, ``--drop``): drop it
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,58 @@ class Claimed:
 class TaskSummary:
     parked: int = 0
     next_in: float | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The entries a purge drops: those recording a queue of *queues*; those recording no
+    queue (the worker that parked it consumed none its route names) whose ``(exchange,
+    routing key)`` is one of *routes*; and those of a task named in *tasks*."""
+
+    queues: frozenset[str] = frozenset()
+    routes: frozenset[tuple[str, str]] = frozenset()
+    tasks: frozenset[str] = frozenset()
+
+    @property
+    def by_queue(self) -> bool:
+        """Whether it names queues (then entries recording none and not named are counted
+        as :attr:`Purged.kept`)."""
+        return bool(self.queues or self.routes)
+
+    def matches(self, task: str, queue: str | None, exchange: str, routing_key: str) -> bool:
+        if task in self.tasks:
+            return True
+        if queue:
+            return queue in self.queues
+        return (exchange, routing_key) in self.routes
+
+    def dumps(self) -> str:
+        """The JSON the purge script reads (``scripts/delay_purge.lua``)."""
+        return json.dumps(
+            {"q": sorted(self.queues), "r": [list(r) for r in sorted(self.routes)],
+             "n": sorted(self.tasks)},
+            separators=(",", ":"),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What a purge dropped: entries still *parked* (waiting for their time), and entries
+    *on their way* (claimed or released: a copy published, or about to be, is dropped by the
+    worker that receives it); and the entries *kept* that record no queue and whose route
+    the selection does not name."""
+
+    parked: int = 0
+    on_their_way: int = 0
+    kept: int = 0
+
+    @property
+    def dropped(self) -> int:
+        return self.parked + self.on_their_way
+
+    def __add__(self, other: Purged) -> Purged:
+        return Purged(self.parked + other.parked, self.on_their_way + other.on_their_way,
+                      self.kept + other.kept)  # fmt: skip
 
 
 class DelayStore(Protocol):
@@ -142,6 +204,10 @@ class DelayStore(Protocol):
         """Parked entries per task name, with the time until the next is due."""
         ...
 
+    def purge(self, selection: Selection) -> Purged:
+        """Drop the entries not yet taken that *selection* names (see above)."""
+        ...
+
 
 #: Kinds of entries published ahead within the lookahead (their messages carry their ETA).
 AHEAD_KINDS = frozenset({"eta", "retry"})
@@ -151,3 +217,7 @@ HERD_WIDTH = 1.0
 
 #: Most claim tokens an entry remembers (each claim adds one; a later one re-publishes).
 MAX_TOKENS = 32
+
+#: What a purged entry's tombstone holds where a taken one holds the token that took it (no
+#: claim token has a ``!``).
+PURGED_MARK = "!purged"

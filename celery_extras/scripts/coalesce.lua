@@ -2,24 +2,31 @@
 -- KEYS[1]: the key's hash: run, wait (JSON {id, h (holder), u (lease end ms), c (cutoff ms),
 -- r (retries), e (the waiting run's delay-store entry, when parked)}), last (the last run
 -- that ended: JSON {id, c}), o (orphans, JSON list), b:<id> (the run covering <id>), n (task), k (key).
--- The ids a run covers are the list KEYS[1]..':c:'..<run id> (same hash tag).
+-- The ids a run covers are the list KEYS[1]..':c:'..<run id> (same hash tag); the ending
+-- context of a covered id (JSON text) is field <id> of the hash KEYS[1]..':x', from the ask
+-- that covered it until the run covering it ends or is dropped (a key written by an earlier
+-- release has none: its ids get their result only).
 -- ARGV[1] is the operation, ARGV[2] the message id, ARGV[3] the holder:
---   ask     ARGV 4: sent ms, 5: lease ms, 6: keep, 7: retries, 8: task, 9: key
+--   ask     ARGV 4: sent ms, 5: lease ms, 6: keep, 7: retries, 8: task, 9: key,
+--           10: the message's ending context (optional; kept when a run that has not
+--           ended covers it)
 --           -> {'run'|'wait'|'covered', covering id, ms until the run's lease ends (wait),
 --               1 if the covering run has ended}
 --   finish  -> {} (no longer the run) or {1 if a run waits else 0, its parked entry or '',
---              covered ids...}
+--              {covered ids...}, {their contexts, '' for none...}}
 --   aside   ARGV 4: hold ms -> 1, or 0 if no longer the run
 --   parked  ARGV 4: hold ms, 5: delay-store entry -> 1, or 0 if no longer the waiting run
---   dropped -> {} (held nothing) or {1, covered ids...}: Celery discarded the waiting run
---              (or the run between attempts) before it ran
+--   dropped -> {} (held nothing) or {1, {covered ids...}, {their contexts...}}: Celery
+--              discarded the waiting run (or the run between attempts) before it ran
 --   forget  -> 1
 --   renew   ARGV 4: lease ms, ids from ARGV 5 -> the ids whose hold had run out
 -- Each write sets the keys' TTL to the longest lease + a day (orphans wait that long).
 
 local h = KEYS[1]
+local x = h .. ':x'
 local op, mid, holder = ARGV[1], ARGV[2], ARGV[3]
 local DAY = 86400000
+local MAX_CONTEXT = 131072
 
 -- A field that is not what this script wrote (garbage, a foreign write) reads as absent,
 -- so a damaged key heals at its next write instead of failing every call.
@@ -54,6 +61,18 @@ local function release(id)
   for _, one in ipairs(ids) do redis.call('HDEL', h, 'b:' .. one) end
   return ids
 end
+-- The contexts of *ids* ('' where none), taken out of the key.
+local function take_contexts(ids)
+  local contexts = {}
+  for first = 1, #ids, 500 do
+    local batch = {}
+    for i = first, math.min(first + 499, #ids) do table.insert(batch, ids[i]) end
+    local got = redis.call('HMGET', x, unpack(batch))
+    for i = 1, #batch do table.insert(contexts, got[i] or '') end
+    redis.call('HDEL', x, unpack(batch))
+  end
+  return contexts
+end
 local function orphan(id)
   local ids = release(id)
   table.insert(ids, id)
@@ -82,11 +101,12 @@ local function save(longest)
   put('wait', wait)
   if #orphans > 0 then redis.call('HSET', h, 'o', cjson.encode(orphans)) else redis.call('HDEL', h, 'o') end
   if redis.call('HLEN', h) <= 2 and not run and not wait then  -- only n, k left (no last)
-    redis.call('DEL', h)
+    redis.call('DEL', h, x)
     return
   end
   local ttl = DAY + (longest or 0)
   redis.call('PEXPIRE', h, ttl)
+  redis.call('PEXPIRE', x, ttl)
   for _, hold in ipairs({run, wait}) do
     if hold then redis.call('PEXPIRE', h .. ':c:' .. hold.id, ttl) end
   end
@@ -145,6 +165,11 @@ if op == 'ask' then
     wait = {id = mid, h = holder, u = now + lease}
     reply = {'wait', '', run.u - now}
   end
+  local context = ARGV[10]
+  if reply[1] == 'covered' and reply[2] ~= mid and not reply[4] and context and context ~= ''
+      and #context <= MAX_CONTEXT then
+    redis.call('HSET', x, mid, context)
+  end
   save(lease)
   return reply
 elseif op == 'finish' then
@@ -153,12 +178,11 @@ elseif op == 'finish' then
     return {}
   end
   local covered = release(mid)
+  local contexts = take_contexts(covered)
   redis.call('HSET', h, 'last', cjson.encode({id = run.id, c = run.c, u = now}))
   run = nil
   save(0)
-  reply = {wait and 1 or 0, wait and wait.e or ''}
-  for _, one in ipairs(covered) do table.insert(reply, one) end
-  return reply
+  return {wait and 1 or 0, wait and wait.e or '', covered, contexts}
 elseif op == 'aside' then
   if not run or run.id ~= mid or run.h ~= holder then
     save(0)
@@ -184,11 +208,10 @@ elseif op == 'dropped' then
     return {}
   end
   local covered = release(mid)
+  local contexts = take_contexts(covered)
   if which == 'wait' then wait = nil else run = nil end
   save(0)
-  reply = {1}
-  for _, one in ipairs(covered) do table.insert(reply, one) end
-  return reply
+  return {1, covered, contexts}
 elseif op == 'forget' then
   if wait and wait.id == mid and wait.h == holder then
     orphan(mid)

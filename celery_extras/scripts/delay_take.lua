@@ -1,6 +1,7 @@
 -- Follows now_ms.lua; sent after the `#!lua flags=allow-oom` line (see redis_store.py).
 -- KEYS: due, meta, msg, taken, released. ARGV: id, task id, token.
--- Returns {status, due in ms, kind}: status 0 unknown, 1 taken, 2 redelivered, 3 duplicate.
+-- Returns {status, due in ms, kind}: status 0 unknown, 1 taken, 2 redelivered, 3 duplicate,
+-- 4 purged (a copy of an entry dropped by `celery purge` or `extras delayed --drop`).
 
 local raw = redis.call('HGET', KEYS[2], ARGV[1])
 if not raw then return {0, 0, ''} end
@@ -15,6 +16,7 @@ local due_in = (tonumber(m.d) or now) - now
 local kind = tostring(m.k or '')
 if m.x then
   if m.x == ARGV[3] then return {2, due_in, kind} end
+  if m.x == '!purged' then return {4, due_in, kind} end
   return {3, due_in, kind}
 end
 m.x = ARGV[3]

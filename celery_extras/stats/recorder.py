@@ -23,6 +23,7 @@ from .timewheel import Bucket, Clock, TimeWheel, minute_wheel
 
 __all__ = [
     "BASE_COUNTERS",
+    "BATCHED",
     "CONCURRENCY_LIMITED",
     "COUNTERS",
     "FAILED",
@@ -64,6 +65,7 @@ COUNTERS = (
     "concurrency_limited",
     "coalesced",
     "shadow_limited",
+    "batched",
 )
 (
     RECEIVED,
@@ -80,6 +82,7 @@ COUNTERS = (
     CONCURRENCY_LIMITED,
     COALESCED,
     SHADOW_LIMITED,
+    BATCHED,
 ) = range(len(COUNTERS))
 #: The runtime percentiles reported, as ``p<n>`` keys.
 PERCENTILES = (50, 95, 99)

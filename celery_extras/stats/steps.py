@@ -9,6 +9,11 @@ Where each counter comes from (all in the main process, for every pool):
   ``reject_on_worker_lost``: the request's pool callbacks, through the
   consumer's request hook (:class:`~.outcomes.OutcomeCounter`).
 * ``revoked``: ``task_revoked`` (discarded at receipt or execution, or terminated).
+* ``succeeded``, ``failed``, ``revoked`` too: a covered message (coalesced) that ended
+  with its covering run's outcome (:data:`~celery_extras.signals.task_covered_ended`,
+  sent by the worker that ended it).
+* ``succeeded``, ``failed`` too: each call of a batch (``batch()``), as it ends; ``batched``:
+  each batch, as it goes to the pool (:data:`~celery_extras.signals.task_batched`).
 * ``rate_limited``, ``parked``, ``released``, ``concurrency_limited``, ``coalesced``,
   ``shadow_limited``:
   the signals of :mod:`celery_extras.signals` of those names.
@@ -31,8 +36,10 @@ from .. import compat
 from ..admission.request_hook import request_hook
 from ..settings import settings_of
 from ..signals import (
+    task_batched,
     task_coalesced,
     task_concurrency_limited,
+    task_covered_ended,
     task_parked,
     task_rate_limited,
     task_released,
@@ -40,14 +47,17 @@ from ..signals import (
 )
 from .outcomes import OutcomeCounter, counting_strategy
 from .recorder import (
+    BATCHED,
     COALESCED,
     CONCURRENCY_LIMITED,
+    FAILED,
     PARKED,
     RATE_LIMITED,
     REJECTED,
     RELEASED,
     REVOKED,
     SHADOW_LIMITED,
+    SUCCEEDED,
     LockedRecorder,
     Recorder,
 )
@@ -74,6 +84,8 @@ class _Receivers:
             (task_released, self.on_released, f"{uid}.released"),
             (task_concurrency_limited, self.on_concurrency_limited, f"{uid}.concurrency"),
             (task_coalesced, self.on_coalesced, f"{uid}.coalesced"),
+            (task_covered_ended, self.on_covered_ended, f"{uid}.covered_ended"),
+            (task_batched, self.on_batched, f"{uid}.batched"),
             (task_shadow_limited, self.on_shadow_limited, f"{uid}.shadow_limited"),
         ]
 
@@ -121,6 +133,17 @@ class _Receivers:
 
     def on_coalesced(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         self._count_named(sender, request, COALESCED)
+
+    def on_covered_ended(self, sender: Any = None, state: Any = None, **kwargs: Any) -> None:
+        """A covered message ended with its run's outcome: counted as that outcome (no
+        runtime: it did not run)."""
+        counter = {"SUCCESS": SUCCEEDED, "FAILURE": FAILED, "REVOKED": REVOKED}.get(state)
+        if counter is not None:
+            self._count_named(sender, None, counter)
+
+    def on_batched(self, sender: Any = None, **kwargs: Any) -> None:
+        """A batch went to the pool (its calls are counted as they end)."""
+        self._count_named(sender, None, BATCHED)
 
     def on_shadow_limited(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         self._count_named(sender, request, SHADOW_LIMITED)

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery, chain, chord
 from celery.result import AsyncResult
 
 # imported here too: this process is the producer, and a producer stamps the send time on
 # the messages of the coalesced tasks it knows (by name only, a message counts as sent when
 # it reached a worker)
-import tests.support.tasks_coalesce  # noqa: F401
+import tests.support.tasks_canvas
+import tests.support.tasks_coalesce
 from celery_extras.coalesce.redis_holds import RedisHolds
 from celery_extras.coalesce.sent import SENT_HEADER
 from celery_extras.store.client import redis_client, store_key
@@ -29,6 +31,7 @@ from tests.integration.conftest import Cluster
 from tests.integration.test_stats_cli import extras
 from tests.support.brokers import PrivateRedis
 from tests.support.journal import Journal
+from tests.support.outages import store_outages
 from tests.support.workers import wait_for
 
 INCLUDE = ("tests.support.tasks_coalesce",)
@@ -96,7 +99,8 @@ def test_queued_twenty_times_runs_once_and_ten_during_a_run_give_exactly_one_mor
     assert (info["coalesced"], info["runs"], info["waited"]) == (19 + 9, 3, 1)
     stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=3).stats()
     totals = stats[worker.hostname]["extras"]["tasks"][PER_KEY]["total"]
-    assert (totals["received"], totals["coalesced"], totals["succeeded"]) == (31, 28, 3)
+    # a covered message ends as if it had run: it counts as succeeded too
+    assert (totals["received"], totals["coalesced"], totals["succeeded"]) == (31, 28, 31)
 
 
 def test_revoking_the_waiting_run_revokes_what_it_covers_and_a_covered_id_is_too_late(
@@ -334,6 +338,157 @@ def test_a_store_restart_mid_run(
             assert len(runs) == 2  # the long run, then one for the five sent meanwhile
         else:
             assert len(runs) == 6  # each message of the outage ran, beside the long one
-        assert "coalescing holds: the store failed" in worker.log()
+        assert store_outages(worker.log(), "coalescing holds")
     finally:
         store.stop()
+
+
+# -- covered messages end as if they had run: callbacks, chains, chords ------------------------
+
+CANVAS = (tests.support.tasks_canvas.__name__,)
+CO, CO_FAIL, RECORD = "tests.canvas.co", "tests.canvas.co_fail", "tests.canvas.record"
+
+
+def _two_workers(cluster: Cluster) -> None:
+    """Two prefork workers of 2 processes, started together: a run may end on the other
+    worker than the one that received (and acked) the messages it covered."""
+    for name in ("w1", "w2"):
+        cluster.worker(name, start=False).start(wait=False)
+    for worker in cluster.workers:
+        worker.wait_ready()
+
+
+def _runs(journal: Journal, task: str) -> list[dict[str, Any]]:
+    return [e for e in journal.entries() if e["task"] == task and e.get("phase") == "run"]
+
+
+def _totals(cluster: Cluster, task: str) -> dict[str, int]:
+    """The stats counters of *task*, summed over the cluster's workers."""
+    stats = cluster.app.control.inspect(timeout=3).stats() or {}
+    summed: dict[str, int] = {}
+    for reply in stats.values():
+        for counter, n in reply["extras"]["tasks"].get(task, {}).get("total", {}).items():
+            summed[counter] = summed.get(counter, 0) + n
+    return summed
+
+
+def _frozen(app: Celery, tag: str) -> Any:
+    """``record.si(tag)`` with its id fixed now, to read its result once it ran."""
+    sig = app.tasks[RECORD].si(tag)
+    sig.freeze()
+    return sig
+
+
+def test_six_chains_on_one_key_all_continue(cluster: Cluster, journal: Journal) -> None:
+    """``chain(co.si("c", i), record.si(100 + i))`` x 6, queued before the workers start: one
+    run covers the five others, and each of the six chains goes on to its second step."""
+    app = cluster.configure(include=CANVAS)
+    co, record = app.tasks[CO], app.tasks[RECORD]
+    results = [chain(co.si("c", i), record.si(100 + i)).apply_async() for i in range(6)]
+    _two_workers(cluster)
+    assert sorted(r.get(timeout=60) for r in results) == [100, 101, 102, 103, 104, 105]
+    (run,) = _runs(journal, CO)
+    assert {r.parent.get(timeout=10) for r in results} == {run["tag"]}
+    counted = wait_for(lambda: (t := _totals(cluster, CO)).get("succeeded") == 6 and t,
+                       timeout=30, what="the six counted as succeeded")  # fmt: skip
+    assert (counted["received"], counted["started"], counted["coalesced"]) == (6, 1, 5)
+
+
+def test_six_links_on_one_key_all_run(cluster: Cluster, journal: Journal) -> None:
+    """``co.apply_async(("L", i), link=record.si(f"L{i}"))`` x 6: the six callbacks run."""
+    app = cluster.configure(include=CANVAS)
+    links = [_frozen(app, f"L{i}") for i in range(6)]
+    sent = [app.tasks[CO].apply_async(("L", i), link=links[i]) for i in range(6)]
+    _two_workers(cluster)
+    assert [AsyncResult(s.id, app=app).get(timeout=60) for s in links] == [
+        f"L{i}" for i in range(6)
+    ]
+    (run,) = _runs(journal, CO)
+    assert [r.get(timeout=10) for r in sent] == [run["tag"]] * 6
+    assert len([e for e in journal.entries() if e["task"] == RECORD]) == 6
+
+
+def test_a_chord_over_two_coalesced_keys_counts_every_part(
+    cluster: Cluster, journal: Journal
+) -> None:
+    """``chord(co.s(f"h{i % 2}", i) for i in range(10))(total.s())``: two runs cover the
+    eight other parts; the chord fires once, with ten results, each its covering run's."""
+    app = cluster.configure(include=CANVAS)
+    co, total = app.tasks[CO], app.tasks["tests.canvas.total"]
+    result = chord(co.s(f"h{i % 2}", i) for i in range(10))(total.s())
+    _two_workers(cluster)
+    values = result.get(timeout=60)
+    runs = {e["key"]: e["tag"] for e in _runs(journal, CO)}
+    assert sorted(runs) == ["h0", "h1"]
+    assert values == sorted([runs["h0"]] * 5 + [runs["h1"]] * 5)
+
+
+def test_a_failing_run_fails_what_it_covered_errbacks_and_chains(
+    cluster: Cluster, journal: Journal
+) -> None:
+    """The covering run raises: each covered message fails with its exception, its
+    ``link_error`` errback runs, and the rest of its chain fails too."""
+    app = cluster.configure(include=CANVAS)
+    co_fail, record = app.tasks[CO_FAIL], app.tasks[RECORD]
+    errbacks = [_frozen(app, f"E{i}") for i in range(6)]
+    failing = [co_fail.apply_async(("E", i), link_error=errbacks[i]) for i in range(6)]
+    chains = [chain(co_fail.si("F", i), record.si(i)).apply_async() for i in range(3)]
+    _two_workers(cluster)
+    assert [AsyncResult(s.id, app=app).get(timeout=60) for s in errbacks] == [
+        f"E{i}" for i in range(6)
+    ]
+    runs = {e["key"]: e["tag"] for e in _runs(journal, CO_FAIL)}
+    assert sorted(runs) == ["E", "F"]
+    for r in failing:
+        r.get(timeout=30, propagate=False)
+        assert (r.state, str(r.result)) == ("FAILURE", f"run {runs['E']} failed")
+    for r in chains:
+        r.get(timeout=30, propagate=False)
+        assert (r.state, str(r.result)) == ("FAILURE", f"run {runs['F']} failed")
+    callbacks = [e["tag"] for e in journal.entries() if e["task"] == RECORD]
+    assert sorted(callbacks) == sorted(f"E{i}" for i in range(6))  # no chain went on
+
+
+def test_a_message_covered_by_a_run_that_ended_ends_where_it_arrives(
+    cluster: Cluster, journal: Journal
+) -> None:
+    """A backlog: sent before a run started, delivered after it ended. The worker that
+    receives it ends it (its callback runs, with the run's result), then acks it."""
+    app = cluster.configure(include=CANVAS)
+    co = app.tasks[CO]
+    cluster.worker("w1")
+    before = time.time()
+    assert co.delay("X", "first").get(timeout=60) == "first"
+    links = [_frozen(app, f"X{i}") for i in range(3)]
+    late = [co.apply_async(("X", i), link=links[i], headers={SENT_HEADER: before})
+            for i in range(3)]  # fmt: skip
+    assert [AsyncResult(s.id, app=app).get(timeout=60) for s in links] == ["X0", "X1", "X2"]
+    assert [r.get(timeout=10) for r in late] == ["first"] * 3
+    assert [e["tag"] for e in _runs(journal, CO)] == ["first"]
+
+
+def test_messages_covered_on_a_worker_that_died_end_when_the_run_ends_elsewhere(
+    cluster: Cluster, journal: Journal
+) -> None:
+    """The worker that received and acked the covered messages is SIGKILLed before the
+    run covering them (on another worker) ends: their endings were in the store with their
+    ids, so the run's worker ends them (callbacks run, results are the run's)."""
+    app = cluster.configure(include=CANVAS)
+    co, side = app.tasks[CO], f"{cluster.ns}-side"
+    cluster.worker("runner")
+    acker = cluster.worker("acker", queues=(side,))
+    before = time.time()
+    long = co.apply_async(("K", "long", 3.0))
+    wait_for(lambda: _runs(journal, CO), timeout=30, what="the long run")
+    links = [_frozen(app, f"K{i}") for i in range(4)]
+    covered = [co.apply_async(("K", i), link=links[i], headers={SENT_HEADER: before}, queue=side)
+               for i in range(4)]  # fmt: skip
+    wait_for(lambda: coalesce_info(cluster, acker.hostname).get("coalesced") == 4, timeout=30,
+             what="the four covered (and acked) on the acker")  # fmt: skip
+    acker.kill()
+    assert long.get(timeout=60) == "long"
+    assert [AsyncResult(s.id, app=app).get(timeout=60) for s in links] == [
+        f"K{i}" for i in range(4)
+    ]
+    assert [r.get(timeout=10) for r in covered] == ["long"] * 4
+    assert [e["tag"] for e in _runs(journal, CO)] == ["long"]

@@ -38,6 +38,7 @@ def test_the_script_keeps_the_rules(
     scenario(_harness(holds, client))
     leftover = {k: client.hgetall(k) for k in client.scan_iter(f"{holds.prefix}:*")}
     assert all(not any(f.startswith("b:") for f in fields) for fields in leftover.values())
+    assert not [k for k in leftover if k.endswith(":x")]  # no ending context left behind
 
 
 def test_an_idle_key_keeps_only_its_last_run_for_a_day(holds: RedisHolds, client: Any) -> None:
@@ -98,3 +99,17 @@ def test_garbage_in_a_key_reads_as_absent_and_heals(
     assert h.ask("m0", "A").kind == "run"
     assert h.ask("m1", "B", sent=h.now() - 5.0).kind == "covered"
     assert h.finish("m0", "A") == ["m1"]
+
+
+def test_ids_covered_before_contexts_were_kept_still_end_with_their_result(
+    holds: RedisHolds, client: Any
+) -> None:
+    """A key written by the previous release (an id covered with no context, by its script's
+    very writes) ends as it did: the id comes back, with no context."""
+    h = _harness(holds, client)
+    assert h.ask("r", "A").kind == "run"
+    name = holds.hash_key(*KEY)
+    client.rpush(f"{name}:c:r", "old")  # what the previous script wrote for a covered id
+    client.hset(name, "b:old", "r")
+    assert h.ask("new", "B", sent=h.now() - 5.0, context="{new}").kind == "covered"
+    assert h.endings("r", "A") == {"old": "", "new": "{new}"}

@@ -6,18 +6,21 @@ to move (delays of 0 or far in the future, leases and re-checks of 0).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import redis
 
+from celery_extras.delay.entry import Entry
 from celery_extras.delay.memory_store import MemoryDelayStore
 from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
 from celery_extras.delay.shards import first_shard, layout
-from celery_extras.delay.store import DelayStore, Take
+from celery_extras.delay.store import DelayStore, Purged, Selection, Take
 from celery_extras.store.client import connect
 from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.topology import RedisClusterTopology
@@ -269,3 +272,113 @@ def test_hurry_finds_an_entry_in_any_shard(on_redis: tuple[Any, str]) -> None:
     assert sorted(c.entry_id for c in four.claim(0.0, 30.0, tokens(5)).items) == ["new", "old"]
     assert four.hurry("new") is False  # claimed: on its way
     assert four.hurry("missing") is False
+
+
+# -- purge -----------------------------------------------------------------------------------
+
+
+def routed(task_id: str, queue: str | None, exchange: str = "q", routing_key: str = "q") -> Entry:
+    """A parked message of *queue* (``None``: its worker consumed no queue its route names)."""
+    return replace(make_entry(task_id), queue=queue, exchange=exchange, routing_key=routing_key)
+
+
+def test_purge_drops_a_queues_entries_in_every_state_but_taken(store: DelayStore) -> None:
+    """Parked, claimed (a mover publishing it) and released (its copy in a due queue) are
+    dropped, and so is an entry recording no queue whose route the selection names; a taken
+    one is the worker's (as Celery's purge leaves reserved messages), another queue's and an
+    entry whose route is not named stay. Copies on their way are ``PURGED`` where taken."""
+    store.park("parked", routed("t-parked", "a"), 3600.0)
+    store.park("claimed", routed("t-claimed", "a"), 0.0)
+    store.park("released", routed("t-released", "a"), 0.0)
+    store.park("taken", routed("t-taken", "a"), 0.0)
+    store.park("other", routed("t-other", "b"), 3600.0)
+    store.park("route", routed("t-route", None, "x", "k"), 3600.0)
+    store.park("unsure", routed("t-unsure", None, "topic", "k.1"), 3600.0)
+    claims = {c.entry_id: c for c in store.claim(0.5, 30.0, tokens(5)).items}
+    assert sorted(claims) == ["claimed", "released", "taken"]
+    assert store.release("released", claims["released"].token, 600.0) is True
+    assert store.take("taken", "t-taken", claims["taken"].token).status is Take.TAKEN
+
+    selection = Selection(queues=frozenset({"a"}), routes=frozenset({("x", "k")}))
+    assert store.purge(selection) == Purged(parked=2, on_their_way=2, kept=1)
+    assert store.depth() == 2 and sorted(store.summary()) == ["tasks.add"]
+    assert store.summary()["tasks.add"].parked == 2
+    for eid in ("claimed", "released"):  # a copy out there, or published by a late mover
+        assert store.take(eid, f"t-{eid}", claims[eid].token).status is Take.PURGED
+        assert store.take(eid, f"t-{eid}", "forged").status is Take.UNKNOWN
+    assert store.release("claimed", claims["claimed"].token, 600.0) is False  # the late mover
+    assert store.take("taken", "t-taken", claims["taken"].token).status is Take.REDELIVERED
+    assert store.park("parked", routed("t-parked", "a"), 0.0) is False  # delivered again: known
+    assert store.hurry("parked") is False
+    later = store.claim(7200.0, 30.0, tokens(9, 10)).items
+    assert sorted(c.entry_id for c in later) == ["other", "unsure"]
+    assert store.purge(selection) == Purged(kept=1)  # nothing more of "a"
+    assert store.depth() == 2
+
+
+def test_purge_by_task_name_drops_a_tasks_entries_whatever_their_queue(
+    store: DelayStore,
+) -> None:
+    store.park("a1", routed("t1", "a"), 3600.0)
+    store.park("b1", routed("t2", "b"), 0.0)
+    store.park("n1", routed("t3", None, "topic", "k"), 3600.0)
+    store.park("keep", replace(routed("t4", "a"), task="tasks.other", headers={}), 3600.0)
+    (claim,) = store.claim(0.5, 30.0, tokens(1)).items
+    dropped = store.purge(Selection(tasks=frozenset({"tasks.add"})))
+    assert dropped == Purged(parked=2, on_their_way=1) and dropped.dropped == 3
+    assert store.take("b1", "t2", claim.token).status is Take.PURGED
+    assert list(store.summary()) == ["tasks.other"] and store.depth() == 1
+    assert store.purge(Selection(tasks=frozenset({"tasks.none"}))) == Purged()
+
+
+def test_purge_reaches_every_shard_and_layout_a_page_at_a_time(
+    on_redis: tuple[Any, str],
+) -> None:
+    """Entries of the first shard (earlier releases), of 4 shards and of 3, purged by a store
+    of one shard: every layout registered is read, each shard in pages of 7 entries."""
+    client, prefix = on_redis
+    one, three, four = (RedisDelayStore(client, prefix, shards=n) for n in (1, 3, 4))
+    for i in range(150):
+        parker = (one, three, four)[i % 3]
+        assert parker.park(f"e{i}", routed(f"t{i}", "a" if i % 5 else "b"), 3600.0) is True
+    assert sum(four.shard_depths().values()) == 150 and len(four.shard_depths()) == 8
+    purger = RedisDelayStore(client, prefix)
+    calls = 0
+    script = purger._purge
+
+    def counted(keys: list[str], args: list[Any]) -> Any:
+        nonlocal calls
+        calls += 1
+        return script(keys, args)
+
+    purger._purge = counted  # type: ignore[assignment]
+    assert purger.purge(Selection(queues=frozenset({"a"})), page=7) == Purged(parked=120)
+    assert calls > 8  # every shard, and more than one page in some
+    assert one.depth() == 30 and set(one.summary()) == {"tasks.add"}
+    assert purger.purge(Selection(queues=frozenset({"b"})), page=1000) == Purged(parked=30)
+    assert one.depth() == 0 and all(d == 0 for d in four.shard_depths().values())
+
+
+def test_purge_reads_entries_of_earlier_releases_and_leaves_garbage(
+    on_redis: tuple[Any, str],
+) -> None:
+    """An entry in version 1 (names spelt out) is read by its queue or route; one whose
+    message is not JSON is left to the mover (which discards it) and counted nowhere."""
+    client, prefix = on_redis
+    store = RedisDelayStore(client, prefix)
+    msg = delay_keys(prefix)["msg"]
+    for eid, queue, route in (("v1", "a", "q"), ("v1-route", None, "k"), ("junk", "a", "q")):
+        store.park(eid, routed(f"t-{eid}", queue, "x", route), 3600.0)
+        version_1 = {"v": 1, "task": "tasks.add", "id": f"t-{eid}", "kind": "eta",
+                     "body": "[[1], {}, {}]", "body_encoding": "utf-8",
+                     "content_type": "application/json", "content_encoding": "utf-8",
+                     "headers": {}, "properties": {}, "exchange": "x", "routing_key": route,
+                     "queue": queue}  # fmt: skip
+        client.hset(msg, eid, json.dumps(version_1) if eid != "junk" else "{not json")
+    selection = Selection(queues=frozenset({"a"}), routes=frozenset({("x", "k")}))
+    assert store.purge(selection) == Purged(parked=2)
+    assert client.hkeys(msg) == ["junk"]
+    (junk,) = store.claim(7200.0, 30.0, tokens(2)).items
+    assert junk.entry_id == "junk"
+    store.discard("junk")  # what the mover does with an entry it cannot read
+    assert store.depth() == 0

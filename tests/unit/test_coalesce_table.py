@@ -28,10 +28,17 @@ class Harness:
     advance: Callable[[float], None]
 
     def ask(self, mid: str, holder: str, *, sent: float | None = None, lease: float = LEASE,
-            keep: str = "first", retries: int = 0) -> Verdict:  # fmt: skip
+            keep: str = "first", retries: int = 0, context: str = "") -> Verdict:  # fmt: skip
         when = self.now() - 1.0 if sent is None else sent
-        verdict: Verdict = self.holds.ask(KEY, mid, when, holder, lease, keep, retries)
+        verdict: Verdict = self.holds.ask(KEY, mid, when, holder, lease, keep, retries, context)
         return verdict
+
+    def endings(self, mid: str, holder: str) -> dict[str, str] | None:
+        """The ids run *mid* covered, each with its stored context (``""`` for none)."""
+        finished = self.holds.finish(KEY, mid, holder)
+        if finished is None:
+            return None
+        return {one: finished.contexts.get(one, "") for one in finished.covered}
 
     def finish(self, mid: str, holder: str) -> list[str] | None:
         """The ids run *mid* covered (sorted), or ``None`` when it was no longer the run."""
@@ -200,13 +207,53 @@ def a_waiting_run_celery_discarded_takes_what_it_covers_along(h: Harness) -> Non
     assert h.ask("c", "A", sent=h.later()) == covered("w")
     assert h.holds.drop(KEY, "nobody") is None
     assert h.holds.drop(KEY, "r") is None  # a running run ends by its request, not here
-    assert h.holds.drop(KEY, "w") == ["c"]
+    assert h.holds.drop(KEY, "w").covered == ["c"]
     assert h.finish("r", "A") == []
     assert h.ask("n", "B", sent=h.later()) == RUN
     assert h.holds.step_aside(KEY, "n", "B", 5.0, LEASE)  # parked by a limit...
-    assert h.holds.drop(KEY, "n") == []  # ...then revoked: the key is free
+    assert h.holds.drop(KEY, "n").covered == []  # ...then revoked: the key is free
     assert h.ask("o", "A", sent=h.later()) == RUN
     assert h.finish("o", "A") == []
+
+
+def covered_messages_keep_their_ending_until_the_run_covering_them_ends(h: Harness) -> None:
+    """A covered message's ending context is kept with its id from the ask that covered it
+    (a redelivery keeps it too) until the run covering it ends or is dropped, whichever
+    worker ends it; a message covered by a run that ended already, a waiting run and the
+    second delivery of a run keep none (they end where they are, or they run)."""
+    assert h.ask("r", "A") == RUN
+    assert h.ask("r", "B", context="{R}") == covered("r")  # the run delivered twice
+    assert h.ask("c1", "A", sent=h.now() - 2.0, context="{c1}") == covered("r")
+    assert h.ask("c1", "B", sent=h.now() - 2.0, context="{c1}") == covered("r")  # again
+    assert h.ask("w", "B", sent=h.later(), context="{w}") == WAIT
+    assert h.ask("c2", "A", sent=h.later(), context="{c2}") == covered("w")
+    assert h.ask("c3", "A", sent=h.later()) == covered("w")  # an older worker: none
+    assert h.endings("r", "A") == {"c1": "{c1}"}
+    assert h.ask("w", "B") == RUN
+    assert h.endings("w", "B") == {"c2": "{c2}", "c3": ""}
+    verdict = h.ask("late", "B", sent=h.now() - 60.0, context="{late}")
+    assert verdict == covered("w") and verdict.ended  # it ends where it is: nothing kept
+    # the dead run's callers pass on with their contexts; the dead run's own id has none
+    assert h.ask("x", "A", lease=0.2, sent=h.later()) == RUN
+    assert h.ask("y", "A", sent=h.now() - 0.001, context="{y}") == covered("x")
+    h.advance(0.35)
+    assert h.ask("z", "B", sent=h.later()) == RUN
+    assert h.endings("z", "B") == {"x": "", "y": "{y}"}
+    # keep="last": the replaced waiting run is covered when it asks again
+    assert h.ask("r2", "A", sent=h.later()) == RUN
+    assert h.ask("w1", "B", sent=h.later(), keep="last", context="{w1}") == WAIT
+    assert h.ask("c4", "A", sent=h.later(), keep="last", context="{c4}") == WAIT
+    assert h.ask("w1", "B", keep="last", context="{w1}") == covered("c4")
+    assert h.endings("r2", "A") == {}
+    assert h.ask("c4", "A", keep="last") == RUN
+    assert h.endings("c4", "A") == {"w1": "{w1}"}
+    # a dropped waiting run hands its callers' contexts back
+    assert h.ask("r3", "A", sent=h.later()) == RUN
+    assert h.ask("w3", "B", sent=h.later()) == WAIT
+    assert h.ask("c5", "A", sent=h.later(), context="{c5}") == covered("w3")
+    dropped = h.holds.drop(KEY, "w3")
+    assert (dropped.covered, dropped.contexts) == (["c5"], {"c5": "{c5}"})
+    assert h.endings("r3", "A") == {}
 
 
 SCENARIOS = [
@@ -223,6 +270,7 @@ SCENARIOS = [
     a_parked_waiting_run_is_made_due_when_the_run_ends,
     a_parked_waiting_run_asked_again_while_the_run_goes_on_waits_again,
     a_waiting_run_celery_discarded_takes_what_it_covers_along,
+    covered_messages_keep_their_ending_until_the_run_covering_them_ends,
 ]
 
 
@@ -243,6 +291,7 @@ def test_the_table_keeps_the_rules(scenario: Callable[[Harness], None]) -> None:
     table = CoalesceTable(clock)
     scenario(Harness(table, clock, clock.advance))
     assert all(not state.covered and not state.by for state in table.keys.values())
+    assert all(not state.contexts for state in table.keys.values())
 
 
 def test_an_idle_key_keeps_only_its_last_run_for_a_day() -> None:

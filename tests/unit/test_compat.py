@@ -13,6 +13,7 @@ import types
 from typing import Any
 
 import pytest
+from celery import Celery
 from celery.exceptions import ImproperlyConfigured
 from celery.utils.collections import LimitedSet
 
@@ -149,3 +150,104 @@ def test_limited_set_newest_with_and_without_its_dict() -> None:
 
     assert compat.limited_set_newest(Opaque(), 1) == ["b"]
     assert compat.limited_set_newest(Opaque(), 0) == []
+
+
+# -- celery purge ------------------------------------------------------------------------------
+
+#: The app of the in-process ``celery purge`` runs below (memory broker: no server needed).
+purge_app = Celery("compat-purge", broker="memory://", set_as_current=False)
+purge_app.conf.task_default_queue = "jobs"
+
+
+def run_purge(*args: str, answer: str | None = None) -> Any:
+    from celery.bin.celery import celery as celery_command
+    from click.testing import CliRunner
+
+    return CliRunner().invoke(
+        celery_command, ["-A", f"{__name__}:purge_app", "purge", *args], input=answer
+    )
+
+
+def test_celery_purge_tells_what_it_emptied_once_it_did() -> None:
+    """The queues ``celery purge`` empties reach the hook after Celery's own line, as
+    ``-Q`` and ``-X`` select them; a purge refused at its prompt calls nothing."""
+    seen: list[set[str]] = []
+
+    def after(ctx: Any, names: set[str]) -> None:
+        assert ctx.obj.app is purge_app
+        seen.append(names)
+        ctx.obj.echo("after the purge")
+
+    assert compat.after_purge_command(after) is True
+    assert compat.after_purge_command(after) is True  # once, however often asked
+    try:
+        done = run_purge("-f")
+        assert done.exit_code == 0, done.output
+        assert done.output == "No messages purged from 1 queue.\nafter the purge\n"
+        assert run_purge("-f", "-Q", "a,b,c", "-X", "b").exit_code == 0
+        assert run_purge("-f", "-X", "jobs").exit_code == 0
+        refused = run_purge("-Q", "a", answer="n\n")
+        assert refused.exit_code == 1 and "Aborted" in refused.output
+        assert seen == [{"jobs"}, {"a", "c"}, set()]
+    finally:
+        compat.after_purge_command(after, on=False)
+    assert run_purge("-f").exit_code == 0 and len(seen) == 3
+
+
+def test_the_queues_celery_purge_empties_are_computed_as_celery_does() -> None:
+    assert compat.purge_command_queues(purge_app, None, None) == {"jobs"}
+    assert compat.purge_command_queues(purge_app, ["a", "b"], ["b", "z"]) == {"a"}
+    assert compat.control_purge_queues(purge_app) == ["jobs"]
+
+
+def test_celery_purge_is_left_alone_when_celery_changed_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another shape (options renamed, queues chosen otherwise): not wrapped, the hook is not
+    registered, and ``celery purge`` empties the broker's queues only (the fallback)."""
+    seen: list[set[str]] = []
+    monkeypatch.setattr(compat, "missing", lambda entries: [(e, "moved") for e in entries])
+    assert compat.after_purge_command(lambda ctx, names: seen.append(names)) is False
+    monkeypatch.undo()
+    assert run_purge("-f").exit_code == 0 and seen == []
+
+
+def test_celery_purge_help_says_what_else_it_drops_once() -> None:
+    from celery.bin.purge import purge
+
+    import celery_extras.cli  # noqa: F401  (the entry point's import extends the command)
+
+    before = purge.help
+    try:
+        assert compat.after_purge_command(lambda ctx, names: None, on=False, note="A note.")
+        assert compat.after_purge_command(lambda ctx, names: None, on=False, note="A note.")
+        help_text = purge.help or ""
+    finally:
+        purge.help = before
+    assert help_text.startswith("Erase all messages") and help_text.count("A note.") == 1
+    assert help_text.count("the tasks its delay store holds for these queues") == 1
+
+
+def test_request_embed_reads_the_body_s_embed_with_and_without_the_private_payload() -> None:
+    """A worker request's callbacks, errbacks, chain and chord (the body's third part), from
+    ``Request._payload``, else from the message's payload (the same tuple)."""
+    from types import SimpleNamespace
+
+    from celery import Celery
+    from celery.contrib.testing.mocks import TaskMessage
+    from celery.worker.request import Request
+
+    app = Celery("compat", broker="memory://", set_as_current=False)
+
+    @app.task(name="t.embedded")
+    def embedded() -> None: ...
+
+    message = TaskMessage("t.embedded", callbacks=[{"task": "t.next"}], chain=[{"task": "t.c"}])
+    message.delivery_info, message.properties = {}, {}
+    request = Request(message, app=app, task=app.tasks["t.embedded"])
+    embed = compat.request_embed(request)
+    assert (embed["callbacks"], embed["chain"], embed["errbacks"]) == (
+        [{"task": "t.next"}], [{"task": "t.c"}], None,
+    )  # fmt: skip
+    without = SimpleNamespace(message=SimpleNamespace(payload=((), {}, {"chord": {"task": "b"}})))
+    assert compat.request_embed(without) == {"chord": {"task": "b"}}
+    assert compat.request_embed(SimpleNamespace(message=None)) == {}
+    app.close()

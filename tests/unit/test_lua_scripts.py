@@ -39,10 +39,12 @@ SHA1 = {
     "redis_store.DISCARD": "18b8803c4156e32bc52cfeef7fe033d40c654ee9",
     "redis_store.CLAIM": "baa8cbc280327220d7630463911088e14e71b76a",
     "redis_store.RELEASE": "2fef3d416f8d7e2005cc760b1b5558e2b5b7e15c",
-    "redis_store.TAKE": "aacafe1f72c60e92a993b52b1a702e5bbb827aad",
+    "redis_store.TAKE": "fb490f5657b600d206895aa20b9ada947e31946a",
+    "redis_store.PURGE": "29457df5bbe61033d777707abc0d930261215388",
     "redis_store.ALLOW_OOM+CLAIM": "167dee720c72aaa8ae92f2d1ecdf62fd3bac3515",
     "redis_store.ALLOW_OOM+RELEASE": "9ca54ae6873561fa33b4a7d33b39566d9b85b1d6",
-    "redis_store.ALLOW_OOM+TAKE": "a167c570bbaeb98b08f21884f1e2b63c1c777dd0",
+    "redis_store.ALLOW_OOM+TAKE": "e96e392b4acf7dd2de3c2cc935d7464dae9f1f3d",
+    "redis_store.ALLOW_OOM+PURGE": "9786342b457f365d621b1e6f7f372dcc1de68853",
 }
 MODULES: dict[str, Any] = {
     "slot_store": slot_store,
@@ -136,6 +138,7 @@ def test_draining_scripts_send_the_flag_line_first() -> None:
         SHA1["redis_store.ALLOW_OOM+CLAIM"],
         SHA1["redis_store.ALLOW_OOM+RELEASE"],
         SHA1["redis_store.ALLOW_OOM+TAKE"],
+        SHA1["redis_store.ALLOW_OOM+PURGE"],
     ]
     assert all(t.startswith("#!lua flags=allow-oom\n") for t in flagged)
     assert store._claim._body == redis_store.CLAIM

@@ -84,7 +84,7 @@ def ended() -> list[Any]:
 @pytest.fixture
 def hook(ended: list[Any]) -> RequestHook:
     hook = RequestHook()
-    hook.listen(finish=lambda request, retry_in: ended.append(request))
+    hook.listen(finish=lambda request, retry_in, outcome: ended.append(request))
     return hook
 
 
@@ -231,7 +231,7 @@ def test_outcomes_hear_started_succeeded_and_failed() -> None:
 def test_finish_comes_before_the_outcome_and_each_listener_is_set_alone() -> None:
     events: list[tuple[Any, ...]] = []
     hook = RequestHook()
-    hook.listen(finish=lambda request, retry_in: events.append(("finish", request)),
+    hook.listen(finish=lambda request, retry_in, outcome: events.append(("finish", request)),
                 outcomes=Outcomes(events))  # fmt: skip
     request = TaskRequest()
     hook.adopt(request)
@@ -255,7 +255,7 @@ def test_listen_finish_none_stops_finishing(hook: RequestHook, ended: list[Any])
                    revoked_before_the_pool):  # fmt: skip
         ending(request)
     assert ended == []
-    hook.listen(finish=lambda request, retry_in: ended.append(request))
+    hook.listen(finish=lambda request, retry_in, outcome: ended.append(request))
     succeed(request)
     assert ended == [request]
 
@@ -310,7 +310,7 @@ def test_finish_hears_the_seconds_until_a_retry(
     exception = make()
     heard: list[Any] = []
     hook = RequestHook()
-    hook.listen(finish=lambda request, retry_in: heard.append(retry_in))
+    hook.listen(finish=lambda request, retry_in, outcome: heard.append(retry_in))
     by_result, by_failure = TaskRequest(), TaskRequest()
     hook.adopt(by_result)
     hook.adopt(by_failure)
