@@ -9,12 +9,14 @@ Add it to an app with one call::
 
 from __future__ import annotations
 
-from .admission.decorators import coalesce, concurrency, limit, retry_policy
+from .admission.decorators import batch, coalesce, concurrency, limit, retry_policy
 from .admission.spec import PolicyError
+from .batch.call import Call
 from .capability import Capability
 from .consumer import FairConsumerMixin, WeightedCycle, WeightedOrder
 from .delay import DelayStore, RedisDelayStore
 from .delay.capability import delayed
+from .delay.purge import drop_delayed
 
 # last: ``install`` wires every capability above (imported first, so the module
 # ``celery_extras.install`` is bound to this name as the function, not the module)
@@ -40,6 +42,7 @@ from .testing.clock import SimulatedClock
 __all__ = [
     "CAPABILITIES",
     "BucketPolicy",
+    "Call",
     "Capability",
     "Counts",
     "DelayStore",
@@ -63,10 +66,12 @@ __all__ = [
     "WeightedCycle",
     "WeightedOrder",
     "WithMaxWait",
+    "batch",
     "cluster_revoked",
     "coalesce",
     "concurrency",
     "delayed",
+    "drop_delayed",
     "install",
     "limit",
     "parse_rate",

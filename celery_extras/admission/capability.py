@@ -8,6 +8,7 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.signals import before_task_publish, task_prerun
 
+from ..batch.gate import BatchGate
 from ..capability import Capability
 from ..coalesce.gate import CoalesceGate
 from ..coalesce.sent import stamp_sent
@@ -25,8 +26,9 @@ __all__ = ["GATES", "POLICIES", "AdmissionStep"]
 
 #: The gates every task with a policy passes, in this order: a message first learns
 #: whether another run covers it (then it takes no token and no slot), then waits for
-#: its rate, then for a concurrency slot (a slot is held only while the task runs).
-GATES: tuple[GateFactory, ...] = (CoalesceGate, LimitGate, SlotGate)
+#: its rate, then for a concurrency slot (a slot is held only while the task runs), then,
+#: admitted, joins its batch (a batch runs as one job once full or due).
+GATES: tuple[GateFactory, ...] = (CoalesceGate, LimitGate, SlotGate, BatchGate)
 
 
 class AdmissionStep(bootsteps.StartStopStep):
@@ -59,6 +61,7 @@ class AdmissionStep(bootsteps.StartStopStep):
                 **pipeline.gate(LimitGate.label).info(),
                 "concurrency": pipeline.gate(SlotGate.label).info(),
                 "coalesce": pipeline.gate(CoalesceGate.label).info(),
+                "batch": pipeline.gate(BatchGate.label).info(),
             }
         }
 

@@ -1,5 +1,5 @@
-"""``limit``, ``concurrency``, ``coalesce`` and ``retry_policy``: stacked above ``@app.task`` /
-``@shared_task``.
+"""``limit``, ``concurrency``, ``coalesce``, ``batch`` and ``retry_policy``: stacked above
+``@app.task`` / ``@shared_task``.
 
 Each checks its arguments at once (errors name the task and the argument),
 records the policy on the task's function (see :mod:`.registry`) and applies it
@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 from celery import Celery, Task
 
+from ..batch.runner import install_batch
+from ..batch.spec import BatchSpec
 from ..coalesce.sent import coalesced_tasks
 from ..coalesce.spec import CoalesceSpec
 from ..concurrency.spec import ConcurrencySpec
@@ -26,7 +28,15 @@ from .consumer import admitted_strategy
 from .registry import TaskPolicies, policies_of, record, target_of, tasks_made_from
 from .spec import KeyFunc
 
-__all__ = ["apply_policies", "coalesce", "concurrency", "limit", "retry_policy", "track_app"]
+__all__ = [
+    "apply_policies",
+    "batch",
+    "coalesce",
+    "concurrency",
+    "limit",
+    "retry_policy",
+    "track_app",
+]
 
 T = TypeVar("T")
 
@@ -100,6 +110,18 @@ def coalesce(*, key: KeyFunc, keep: str = "first", lease: float = 30.0) -> Calla
     return _recording("coalesce", build)
 
 
+def batch(size: int, *, wait: float, key: KeyFunc | None = None) -> Callable[[T], T]:
+    """Run the task once for many messages: it is called with a list of
+    :class:`~celery_extras.Call` (``id``, ``args``, ``kwargs``, ``headers``), at most *size*
+    of them, once it has *size* calls or *wait* seconds after its first, and returns one
+    result per call, in their order (or ``None``). ``key(args, kwargs)`` keeps a batch per
+    key. Each call stays its own message: acked only after its batch ran, with its own
+    result, callbacks and chord part; an exception or a retry applies to every call.
+    """
+
+    return _recording("batch", lambda name, _: BatchSpec.build(name, size, wait, key))
+
+
 def retry_policy(
     *,
     on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
@@ -145,6 +167,8 @@ def apply_to_task(task: Task) -> None:
         task.Strategy = _STRATEGY
     if policies.retry is not None:
         install_retry(task, policies.retry)
+    if policies.batch is not None:
+        install_batch(task)
 
 
 def apply_policies(sender: Celery, **kwargs: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from celery import Celery, Task
 from celery.local import PromiseProxy, Proxy
 
+from ..batch.spec import BatchSpec
 from ..coalesce.spec import CoalesceSpec
 from ..compat import promise_proxy_parts, shared_task_parts
 from ..concurrency.spec import ConcurrencySpec
@@ -29,17 +30,18 @@ POLICY_ATTR = "__extras_policies__"
 
 @dataclass
 class TaskPolicies:
-    """The limits, concurrency limit, coalescing and retry policy declared on one task
-    function. ``limits`` are in reading order: the top ``limit()`` first."""
+    """The limits, concurrency limit, coalescing, batching and retry policy declared on one
+    task function. ``limits`` are in reading order: the top ``limit()`` first."""
 
     limits: tuple[LimitSpec, ...] = ()
     retry: RetrySpec | None = None
     concurrency: ConcurrencySpec | None = None
     coalesce: CoalesceSpec | None = None
+    batch: BatchSpec | None = None
 
     #: the policies read by a gate of the admission pipeline: a task with any of them
     #: takes the pipeline's path (its strategy is :func:`~.consumer.admitted_strategy`)
-    GATED: ClassVar[tuple[str, ...]] = ("coalesce", "limits", "concurrency")
+    GATED: ClassVar[tuple[str, ...]] = ("coalesce", "limits", "concurrency", "batch")
 
     def gated(self) -> bool:
         return any(getattr(self, policy) not in (None, ()) for policy in self.GATED)

@@ -22,8 +22,9 @@ from typing import Any, cast
 from celery import Celery
 from kombu.transport.virtual import Channel
 
-from .. import compat
+from .. import clock, compat
 from ..admission.pipeline import PIPELINE_ATTR
+from ..batch.gate import BatchGate
 from ..delay.mover_thread import app_mover
 from ..delay.parking import Parker
 from ..delay.redis_store import RedisDelayStore
@@ -123,15 +124,31 @@ class SettlingWorker:
         self._probe = LoopProbe(hub) if hub is not None else None
 
     def next_due(self) -> float | None:
+        """The earliest parked wait, or open batch's wait, of the worker (wall time)."""
         store = cast("RedisDelayStore", self.parker.store)
         client = redis_client(self.app, background=True)
         firsts = [client.zrange(shard.key("due"), 0, 0, withscores=True)
                   for shard in store.shards()]  # fmt: skip
-        return min((float(f[0][1]) / 1000.0 for f in firsts if f), default=None)
+        dues = [float(f[0][1]) / 1000.0 for f in firsts if f]
+        batches = self._batches()
+        batch_due = batches.table.next_due() if batches is not None else None
+        if batch_due is not None:  # on the monotonic clock: as a wall time
+            dues.append(clock.wall() + batch_due - clock.monotonic())
+        return min(dues, default=None)
 
     def release_due(self) -> None:
-        while self.mover.run_once() == 0.0:  # a full batch: more may be due
+        while self.mover.run_once() == 0.0:  # a parked batch: more may be due
             pass
+        batches = self._batches()
+        if batches is not None:  # batches whose wait passed run, on the worker's loop
+            self.controller.consumer.timer.call_after(0.0, batches.flush_due, priority=6)
+            if self._probe is not None:
+                self._probe.wake()
+
+    def _batches(self) -> BatchGate | None:
+        pipeline = getattr(self.controller.consumer, PIPELINE_ATTR, None)
+        gate = pipeline.gate(BatchGate.label) if pipeline is not None else None
+        return gate if isinstance(gate, BatchGate) else None
 
     def settle(self) -> None:
         deadline = time.monotonic() + self.settle_timeout
@@ -171,6 +188,12 @@ class SettlingWorker:
                               if not self._taken(client, entry_id, token)]  # fmt: skip
             if self._released:
                 return f"{len(self._released)} released task(s) not taken yet"
+        batches = self._batches()
+        if batches is not None and batches.running:
+            return f"{sum(map(len, batches.running.values()))} batched call(s) running"
+        due = batches.table.next_due() if batches is not None else None
+        if due is not None and due <= clock.monotonic():
+            return "a batch due"
         running, reserved = compat.active_requests(), compat.reserved_requests()
         if running:
             return f"{len(running)} task(s) running"

@@ -6,7 +6,15 @@ import threading
 import pytest
 from celery import shared_task
 
-from celery_extras import ExponentialBackoff, clock, coalesce, concurrency, limit, retry_policy
+from celery_extras import (
+    ExponentialBackoff,
+    batch,
+    clock,
+    coalesce,
+    concurrency,
+    limit,
+    retry_policy,
+)
 
 STARTED: dict[str, list[float]] = {}  # task name -> simulated start times
 
@@ -53,6 +61,13 @@ def export(report):
     with LOCK:
         RUNNING["now"] -= 1
     return report
+
+
+@batch(size=100, wait=5.0)
+@shared_task
+def index(calls):
+    started("index")
+    return [call.args[0].upper() for call in calls]
 
 
 @shared_task
@@ -119,3 +134,12 @@ def test_a_parked_eta_task_runs_once_when_due(extras_worker, extras_clock, extra
     assert result.get(timeout=10) == "ada"
     extras_clock.advance(3600)  # and once only
     assert since(extras_clock, "remind") == [86400.0]
+
+
+def test_a_batch_runs_once_its_wait_has_passed(extras_worker, extras_clock):
+    results = [index.delay(word) for word in ("a", "b", "c")]
+    extras_clock.advance(4.9)
+    assert not any(r.ready() for r in results) and since(extras_clock, "index") == []
+    extras_clock.advance(0.1)  # five seconds after the first call: one call of three
+    assert [r.get(timeout=10) for r in results] == ["A", "B", "C"]
+    assert since(extras_clock, "index") == [5.0]

@@ -1,0 +1,130 @@
+"""Batching's pure parts on a fake clock, and the pool job run in this process: which calls
+a batch takes and when, a batch's arguments checked by name, and how a batch ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_extras import Call, PolicyError, batch, install
+from celery_extras.batch.runner import BatchResultError, exception_of, run_batch
+from celery_extras.batch.spec import BatchSpec
+from celery_extras.batch.table import BatchTable
+from tests.support.clock import FakeClock
+
+
+def test_a_batch_is_due_when_full_or_its_wait_after_the_first_call() -> None:
+    clock = FakeClock()
+    table: BatchTable[str] = BatchTable(clock)
+    assert table.add("a", "a1", size=3, wait=1.0) is None
+    clock.now += 0.4
+    assert table.add("b", "b1", size=3, wait=1.0) is None
+    assert table.add("a", "a2", size=3, wait=1.0) is None
+    full = table.add("a", "a3", size=3, wait=1.0)
+    assert full is not None and full.items == ["a1", "a2", "a3"]
+    assert table.waiting() == 1 and table.next_due() == pytest.approx(1001.4)
+    clock.now += 0.3
+    assert table.add("a", "a4", size=3, wait=1.0) is None  # opens a new batch of "a"
+    clock.now += 0.699_999  # 1 us short of b's wait
+    assert table.take_due() == []
+    clock.now += 0.000_001
+    assert [b.items for b in table.take_due()] == [["b1"]]
+    clock.now += 0.3
+    assert [b.items for b in table.take_due()] == [["a4"]]
+    assert table.waiting() == 0 and table.next_due() is None
+
+
+def test_a_batch_of_size_one_is_due_at_once_and_stop_takes_every_open_batch() -> None:
+    table: BatchTable[int] = BatchTable(FakeClock())
+    assert table.add("x", 1, size=1, wait=60.0) is not None
+    table.add("y", 2, size=5, wait=60.0)
+    table.add("z", 3, size=5, wait=60.0)
+    assert sorted(i for b in table.take_all() for i in b.items) == [2, 3] and not table.open
+
+
+@pytest.mark.parametrize(
+    ("size", "wait", "key", "error"),
+    [(0, 1.0, None, "size 0: expected an int from 1 to 10000"),
+     (10_001, 1.0, None, "size 10001"), (True, 1.0, None, "size True"),
+     (5, -1, None, "wait -1: expected seconds from 0 to 3600"),
+     (5, float("nan"), None, "wait nan"), (5, 3601, None, "wait 3601"),
+     (5, 1.0, "host", "key 'host': expected a callable")],
+)  # fmt: skip
+def test_bad_arguments_are_refused_naming_the_task_and_the_argument(
+    size: Any, wait: Any, key: Any, error: str
+) -> None:
+    with pytest.raises(PolicyError, match=rf"^batch\(\) on task 't.x': {error}"):
+        BatchSpec.build("t.x", size, wait, key)
+
+
+@pytest.fixture
+def app() -> Celery:
+    return install(Celery("batch-unit", set_as_current=True))
+
+
+def calls(*tags: Any) -> list[dict[str, Any]]:
+    return [{"id": f"id-{t}", "args": [t], "kwargs": {}, "headers": {"retries": 0}}
+            for t in tags]  # fmt: skip
+
+
+REQUEST = {"id": "batch-1", "retries": 0, "delivery_info": {}}
+
+
+def test_the_pool_job_calls_the_task_once_with_every_call(app: Celery) -> None:
+    seen: list[list[Call]] = []
+
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.ok", shared=False)
+    def ok(batch_calls: list[Call]) -> list[int]:
+        seen.append(batch_calls)
+        return [c.args[0] + 1 for c in batch_calls]
+
+    assert run_batch("u.ok", calls(1, 2, 3), REQUEST) == ("success", [2, 3, 4])
+    assert seen == [[Call("id-1", (1,), {}, {"retries": 0}), Call("id-2", (2,), {}, {"retries": 0}),
+                     Call("id-3", (3,), {}, {"retries": 0})]]  # fmt: skip
+
+
+def test_none_is_a_result_of_none_per_call_and_a_wrong_length_fails_the_batch(
+    app: Celery,
+) -> None:
+    @app.task(name="u.none", shared=False)
+    def nothing(batch_calls: list[Call]) -> None:
+        return None
+
+    @app.task(name="u.short", shared=False)
+    def short(batch_calls: list[Call]) -> list[int]:
+        return [1]
+
+    assert run_batch("u.none", calls(1, 2), REQUEST) == ("success", [None, None])
+    kind, stored, _ = run_batch("u.short", calls(1, 2, 3), REQUEST)
+    exc = exception_of(app, stored)
+    assert kind == "failure" and type(exc).__name__ == BatchResultError.__name__
+    assert str(exc).startswith("batch task u.short returned 1 results for 3 calls")
+
+
+def test_an_exception_fails_the_batch_and_self_retry_retries_it_without_publishing(
+    app: Celery,
+) -> None:
+    @app.task(name="u.boom", shared=False)
+    def boom(batch_calls: list[Call]) -> list[int]:
+        raise KeyError("boom")
+
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.again", bind=True, shared=False, max_retries=2)
+    def again(self: Any, batch_calls: list[Call]) -> list[int]:
+        raise self.retry(countdown=5, exc=ValueError("later"))
+
+    kind, stored, text = run_batch("u.boom", calls(1), REQUEST)
+    exc = exception_of(app, stored)
+    assert kind == "failure" and isinstance(exc, KeyError) and "KeyError: 'boom'" in text
+    kind, when, reason, limit = run_batch("u.again", calls(1, 2), REQUEST)
+    assert (kind, when, limit) == ("retry", 5, None)
+    assert repr(exception_of(app, reason)) == "ValueError('later')"  # JSON across the pool
+    assert app.tasks["u.again"].request.id is None  # the batch's request is popped
+
+
+def test_an_unknown_task_is_a_failure_not_a_crash(app: Celery) -> None:
+    kind, stored, _ = run_batch("u.missing", calls(1), REQUEST)
+    assert kind == "failure" and "u.missing" in repr(exception_of(app, stored))
