@@ -9,10 +9,12 @@ Add it to an app with one call::
 
 from __future__ import annotations
 
-from .admission.decorators import batch, coalesce, concurrency, limit, retry_policy
 from .admission.spec import PolicyError
 from .batch.call import Call
+from .batch.decorator import batch
 from .capability import Capability
+from .coalesce.decorator import coalesce
+from .concurrency.decorator import concurrency
 from .consumer import FairConsumerMixin, WeightedCycle, WeightedOrder
 from .delay import DelayStore, RedisDelayStore
 from .delay.capability import delayed
@@ -21,8 +23,10 @@ from .delay.purge import drop_delayed
 # last: ``install`` wires every capability above (imported first, so the module
 # ``celery_extras.install`` is bound to this name as the function, not the module)
 from .install import CAPABILITIES, install
+from .limits.decorator import limit
 from .limits.rate import parse_rate
 from .limits.token_bucket import TokenBucket
+from .retries.decorator import retry_policy
 from .retries.failure_memory import Counts, MemoryCounts
 from .retries.hook import retry_memory
 from .retries.policies import (

@@ -17,12 +17,21 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.exceptions import ImproperlyConfigured
 
-from .admission.capability import POLICIES
+from .admission.capability import admission_capability
 from .capability import Capability
 from .compat import check_worker
 from .consumer.capability import CONSUMER
 from .delay.capability import DELAY
-from .settings import CORE_SETTINGS, PREFIX, Setting, conf_key, declare, settings_of
+from .policies import POLICIES
+from .settings import (
+    CORE_SETTINGS,
+    PREFIX,
+    Setting,
+    conf_key,
+    declare,
+    deprecated_name,
+    settings_of,
+)
 from .stats.capability import STATS
 from .store.client import StoreStep
 from .sync.capability import SYNC
@@ -39,7 +48,13 @@ __all__ = [
 ]
 
 
-CAPABILITIES: tuple[Capability, ...] = (SYNC, POLICIES, DELAY, CONSUMER, STATS)
+CAPABILITIES: tuple[Capability, ...] = (
+    SYNC,
+    admission_capability(POLICIES),
+    DELAY,
+    CONSUMER,
+    STATS,
+)
 
 _installed: weakref.WeakSet[Celery] = weakref.WeakSet()
 
@@ -114,13 +129,14 @@ def install(app: Celery, **options: Any) -> Celery:
     ``extras_stats_interval``) and override what ``app.conf`` holds.
     """
     declared = tuple(all_settings())
-    known = {s.name for s in declared}
+    by_name = {name: s for s in declared for name in (s.name, *s.formerly)}
     for name in options:
-        if name not in known:
+        if name not in by_name:
             raise ImproperlyConfigured(f"{PREFIX}{name}: unknown celery-extras setting")
+        if name != by_name[name].name:
+            deprecated_name(PREFIX + name, by_name[name])
     declare(app, declared)
     if options:  # under the name the app reads first (CELERY_EXTRAS_* in a Django namespace)
-        by_name = {s.name: s for s in declared}
         app.conf.update({conf_key(by_name[n], app.namespace): v for n, v in options.items()})
 
     if app in _installed:

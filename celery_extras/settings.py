@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import difflib
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ __all__ = [
     "REDIS_OPTIONS",
     "REDIS_URL",
     "STORE_ALLOW_EVICTION",
+    "STORE_RETRY",
     "STORE_TIMEOUT",
     "ExtrasSettings",
     "Setting",
@@ -43,6 +45,7 @@ __all__ = [
     "conf_key",
     "declare",
     "declared_settings",
+    "deprecated_name",
     "integer",
     "number",
     "optional",
@@ -74,6 +77,8 @@ class Setting(Generic[T]):
     check: Check[T]
     kind: str
     doc: str
+    #: earlier names of the setting, still read for one minor release, with a warning
+    formerly: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -252,9 +257,19 @@ STORE_TIMEOUT: Setting[float] = Setting(
     "Longest the worker's event loop waits for one store call (a gate's admission, a park, "
     "a release), seconds. A call that times out, or a refused connection, stops every "
     "user of the store in the process from asking it again for "
-    "``extras_limit_store_retry`` seconds: gated tasks wait meanwhile (held or unacked), "
+    "``extras_store_retry`` seconds: gated tasks wait meanwhile (held or unacked), "
     "everything else goes on at its pace. Background work (the delay mover, revoke sync) "
     "waits longer (2 s, or this when longer).",
+)
+STORE_RETRY: Setting[float] = Setting(
+    "store_retry",
+    1.0,
+    number(above=0),
+    "float",
+    "Seconds between attempts to reach the store after a call could not (a timeout, a "
+    "refused connection): nobody in the process asks it in between, so an outage does not "
+    "slow every task by a timeout. Formerly ``extras_limit_store_retry``.",
+    formerly=("limit_store_retry",),
 )
 CORE_SETTINGS: tuple[Setting[Any], ...] = (
     REDIS_URL,
@@ -262,6 +277,7 @@ CORE_SETTINGS: tuple[Setting[Any], ...] = (
     KEY_PREFIX,
     STORE_ALLOW_EVICTION,
     STORE_TIMEOUT,
+    STORE_RETRY,
 )
 
 
@@ -276,11 +292,27 @@ def conf_key(setting: Setting[Any], namespace: str | None) -> str:
 
 
 def _spellings(setting: Setting[Any], namespace: str | None) -> tuple[str, ...]:
-    """The keys *setting* may be given under, in the order Celery looks them up."""
+    """The keys *setting* may be given under, in the order Celery looks them up: its name,
+    then its former names (deprecated)."""
+    keys = (setting.key, *(PREFIX + name for name in setting.formerly))
+    return tuple(spelling for key in keys for spelling in _namespaced(key, namespace))
+
+
+def _namespaced(key: str, namespace: str | None) -> tuple[str, ...]:
+    """*key* as an app with *namespace* may be given it, in the order Celery looks it up."""
     if not namespace:
-        return (setting.key,)
+        return (key,)
     prefix = namespace.rstrip("_") + "_"
-    return (_match_case(prefix + setting.key, prefix), setting.key)
+    return (_match_case(prefix + key, prefix), key)
+
+
+def deprecated_name(key: str, setting: Setting[Any]) -> None:
+    """Warn that *key*, a former name of *setting*, still works, naming the new one."""
+    warnings.warn(
+        f"{key} is deprecated: use {setting.key} (the old name is read until celery-extras 0.3)",
+        FutureWarning,
+        stacklevel=3,
+    )
 
 
 def _is_extras_key(key: object, namespace: str | None) -> bool:
@@ -316,6 +348,8 @@ def validate(
         for key in _spellings(setting, namespace):
             if key in conf:
                 values[setting.name] = setting.check(key, conf[key])
+                if key not in _namespaced(setting.key, namespace):
+                    deprecated_name(key, setting)
                 break
         else:
             values[setting.name] = setting.check(setting.key, setting.default)

@@ -25,10 +25,7 @@ def warn_eager(task: Any = None, **_: Any) -> None:
     policies = policies_of(task)
     if policies is None:
         return
-    declared = [name for name, on in (("limit()", policies.limits),
-                                      ("concurrency()", policies.concurrency),
-                                      ("coalesce()", policies.coalesce),
-                                      ("retry_policy()", policies.retry)) if on]  # fmt: skip
+    declared = [policy.decorator for policy in policies.declared()]
     if not declared:
         return
     _warned.add(task.name)

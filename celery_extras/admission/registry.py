@@ -1,6 +1,6 @@
 """Where a task's policies are recorded, and how they are found from any task object.
 
-``limit`` and ``retry_policy`` sit above ``@app.task`` or ``@shared_task``, which
+A policy's decorator sits above ``@app.task`` or ``@shared_task``, which
 return a task, a ``PromiseProxy`` (app not finalized yet) or a ``Proxy`` (shared
 task, one real task per app). All three wrap one plain function; the policies
 are recorded on that function, so every task made from it, in every app and in
@@ -10,41 +10,44 @@ every process, finds them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from celery import Celery, Task
 from celery.local import PromiseProxy, Proxy
 
-from ..batch.spec import BatchSpec
-from ..coalesce.spec import CoalesceSpec
 from ..compat import promise_proxy_parts, shared_task_parts
-from ..concurrency.spec import ConcurrencySpec
-from ..limits.spec import LimitSpec
-from ..retries.spec import RetrySpec
+from .policy import Policy, policy_named, registered
 
 __all__ = ["POLICY_ATTR", "TaskPolicies", "policies_of", "target_of"]
 
 POLICY_ATTR = "__extras_policies__"
 
 
-@dataclass
 class TaskPolicies:
-    """The limits, concurrency limit, coalescing, batching and retry policy declared on one
-    task function. ``limits`` are in reading order: the top ``limit()`` first."""
+    """The specs of the policies declared on one task function, by policy name: read as
+    attributes (``policies.coalesce``; a policy declared nowhere reads as ``None``, or
+    ``()`` for one that stacks, as ``limits`` do, top first)."""
 
-    limits: tuple[LimitSpec, ...] = ()
-    retry: RetrySpec | None = None
-    concurrency: ConcurrencySpec | None = None
-    coalesce: CoalesceSpec | None = None
-    batch: BatchSpec | None = None
+    def __init__(self, **specs: Any) -> None:
+        self.specs: dict[str, Any] = dict(specs)
 
-    #: the policies read by a gate of the admission pipeline: a task with any of them
-    #: takes the pipeline's path (its strategy is :func:`~.consumer.admitted_strategy`)
-    GATED: ClassVar[tuple[str, ...]] = ("coalesce", "limits", "concurrency", "batch")
+    def __getattr__(self, name: str) -> Any:
+        policy = policy_named(name) if not name.startswith("_") else None
+        if policy is None:
+            raise AttributeError(f"{type(self).__name__} has no policy {name!r}")
+        return self.specs.get(name, policy.empty)
+
+    def __repr__(self) -> str:
+        return f"TaskPolicies({', '.join(f'{k}={v!r}' for k, v in self.specs.items())})"
+
+    def declared(self) -> list[Policy]:
+        """The policies this task declares, in the pipeline's order."""
+        return [p for p in registered() if self.specs.get(p.name) not in (None, ())]
 
     def gated(self) -> bool:
-        return any(getattr(self, policy) not in (None, ()) for policy in self.GATED)
+        """Whether a gate of the admission pipeline acts on this task (then its strategy is
+        :func:`~.consumer.admitted_strategy`)."""
+        return any(p.gate is not None for p in self.declared())
 
 
 def _function_of_task(task: Task) -> Callable[..., Any] | None:
@@ -78,7 +81,7 @@ def target_of(task: Any) -> tuple[Callable[..., Any], str]:
             return fun, str(task.name)
     raise TypeError(
         f"{task!r} is not a Celery task: put limit()/retry_policy() above @app.task or "
-        "@shared_task (concurrency() and coalesce() too)"
+        f"@shared_task (as every policy: {', '.join(p.decorator for p in registered())})"
     )
 
 

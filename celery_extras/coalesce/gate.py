@@ -16,21 +16,20 @@ holds (:class:`~.redis_holds.RedisHolds`, or with no store this worker's
   ends here, then is acked;
 * **wait**: it is this key's waiting run, held here (unacked, no pool slot, the
   prefetch window widened) until the run ends: a release notice (or, should one be
-  lost, its next renewal) asks again. Held longer than ``extras_limit_max_hold``, it
+  lost, its next renewal) asks again. Held longer than ``extras_delay_max_hold``, it
   is parked in the delay store (stored, then acked) until the run's lease ends; the
   run's end makes it due at once, and whichever worker receives it asks again.
 
 While the store cannot be reached, ``extras_coalesce_on_store_error`` says what a
 message does: ``'hold'`` waits (unacked) and asks again every
-``extras_limit_store_retry`` seconds, ``'run'`` runs without coalescing.
+``extras_store_retry`` seconds, ``'run'`` runs without coalescing.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery, states
@@ -54,6 +53,7 @@ from ..delay.gate import DELAY_ATTR
 from ..signals import task_coalesced
 from ..store.client import store_user
 from .holds import Holds
+from .runs import Holding, RunHolds
 from .sent import sent_at
 from .spec import CoalesceSpec
 from .table import Finished, Verdict
@@ -66,23 +66,6 @@ logger = logging.getLogger("celery_extras.coalesce")
 ASK_AGAIN = 1.0
 #: :attr:`Ticket.notes` key of a message's ending context (JSON text, made once)
 CONTEXT_NOTE = "coalesce.context"
-
-
-@dataclass
-class Holding:
-    """A hold of this worker: the run (or waiting run) of *bucket* under *holder*."""
-
-    bucket: Bucket
-    holder: str
-    lease: float
-    #: when it was last asked for (or renewed), and when to ask again (monotonic clock)
-    asked: float
-    next_ask: float = 0.0
-    #: a waiting run: when it started to wait here, and the seconds left of the run's lease
-    since: float = 0.0
-    run_due: float = 0.0
-    #: a run whose hold ran out before renewal (another run of its key may have started)
-    lost: bool = False
 
 
 def _known(ticket: Ticket) -> Outcome:
@@ -98,19 +81,22 @@ def _known(ticket: Ticket) -> Outcome:
     return Outcome(states.SUCCESS, None, None, run_id)
 
 
-def _renewals_due(
-    holdings: Iterable[tuple[Ticket, Holding]], now: float
-) -> dict[tuple[Bucket, str, float], list[str]]:
-    """The runs whose hold is due for renewal (every third of its lease), by bucket and
-    holder; each is marked renewed now."""
-    due: dict[tuple[Bucket, str, float], list[str]] = {}
-    for ticket, holding in holdings:
-        if not holding.lost and now - holding.asked >= holding.lease / 3:
-            due.setdefault((holding.bucket, holding.holder, holding.lease), []).append(
-                ticket.request.id
-            )
-            holding.asked = now
-    return due
+def covered_messages(done: Finished) -> list[CoveredMessage]:
+    """The messages a finished (or dropped) run covered, each with its stored context."""
+    return [CoveredMessage(one, decode_context(done.contexts.get(one), one))
+            for one in done.covered]  # fmt: skip
+
+
+def hurry(consumer: Any, entry: str) -> None:
+    """Make a parked waiting run's entry due now (else it comes back when the run's lease
+    would have ended)."""
+    arrival = getattr(consumer, DELAY_ATTR, None)
+    if arrival is None:
+        return
+    try:
+        arrival.parker.store.hurry(entry)
+    except Exception as exc:
+        arrival.parker.store_failed("making a parked coalesced run due", exc)
 
 
 class CoalesceGate(Gate):
@@ -126,8 +112,8 @@ class CoalesceGate(Gate):
         self.clock = clock
         self.wall = wall
         self.on_store_error: str = settings["coalesce_on_store_error"]
-        self.store_retry: float = settings["limit_store_retry"]
-        self.max_hold: float = settings["limit_max_hold"]
+        self.store_retry: float = settings["store_retry"]
+        self.max_hold: float = settings["delay_max_hold"]
         self.specs: dict[str, CoalesceSpec] = {}
         consequence = {
             "hold": "coalesced tasks wait (unacked) until it answers",
@@ -137,14 +123,13 @@ class CoalesceGate(Gate):
                                  consequence[self.on_store_error], clock)  # fmt: skip
         self.holds = Holds(app, self.health, wall)
         self.worker = uuid.uuid4().hex[:16]
-        self.holding: dict[int, tuple[Ticket, Holding]] = {}  # runs, by id(request)
+        self.runs = RunHolds(self.holds)
         self.waiting: dict[Bucket, list[tuple[Ticket, Holding]]] = {}
         self.endings = CoveredEndings(app)
         #: covered messages ending here before their ack (covered by a run that ended)
         self.ending: dict[int, Ticket] = {}
         self.notices = ReleaseNotices(self.wake, "coalescing")
-        self.counts = {"runs": 0, "coalesced": 0, "waited": 0, "parked": 0, "unheld": 0,
-                       "lost_holds": 0}  # fmt: skip
+        self.counts = {"runs": 0, "coalesced": 0, "waited": 0, "parked": 0, "unheld": 0}
         self._pipeline: Any = None
         self._consumer: Any = None
 
@@ -199,7 +184,7 @@ class CoalesceGate(Gate):
     def _answer(self, ticket: Ticket, holding: Holding, verdict: Verdict, queued: bool) -> Answer:
         if verdict.kind == "run":
             self.counts["runs"] += 1
-            self.holding[id(ticket.request)] = (ticket, holding)
+            self.runs.add(ticket, holding)
             return RUN
         if verdict.kind == "covered":
             self.counts["coalesced"] += 1
@@ -255,21 +240,17 @@ class CoalesceGate(Gate):
         self.endings.schedule(self._consumer, ticket.name, by, [message], done=ended)
 
     def _end_covered(self, name: str, by: str, done: Finished, known: Outcome) -> None:
-        """End the messages run *by* covered (as *done* lists them) with its outcome (the
-        stored one, else *known*)."""
-        messages = [CoveredMessage(one, decode_context(done.contexts.get(one), one))
-                    for one in done.covered]  # fmt: skip
-        self.endings.schedule(self._consumer, name, by, messages, known=known)
+        """End the messages run *by* covered with its outcome (stored, else *known*)."""
+        self.endings.schedule(self._consumer, name, by, covered_messages(done), known=known)
 
     def finished(self, ticket: Ticket) -> None:
         """The run ended: free its key (or keep it for its retry), copy its result to what
         it covered, and let this worker's waiting run of the key ask at once."""
-        found = self.holding.pop(id(ticket.request), None)
-        if found is None:
+        holding = self.runs.pop(ticket)
+        if holding is None:
             return
-        holding = found[1]
         if ticket.retry_in is not None:
-            self._step_aside(ticket, holding, ticket.retry_in)
+            self.runs.step_aside(ticket, holding, ticket.retry_in)
             return
         done: Finished | None = self.holds.call("finish", holding.bucket, ticket.request.id,
                                            holding.holder)  # fmt: skip
@@ -277,23 +258,12 @@ class CoalesceGate(Gate):
             return
         self._end_covered(ticket.name, ticket.request.id, done, _known(ticket))
         if done.parked:
-            self._hurry(done.parked)
+            hurry(self._consumer, done.parked)
         if holding.bucket in self.waiting:
             self.wake(holding.bucket)
 
-    def _hurry(self, entry: str) -> None:
-        """Make the parked waiting run's entry due now (else it comes back when the run's
-        lease would have ended)."""
-        arrival = getattr(self._consumer, DELAY_ATTR, None)
-        if arrival is None:
-            return
-        try:
-            arrival.parker.store.hurry(entry)
-        except Exception as exc:
-            arrival.parker.store_failed("making a parked coalesced run due", exc)
-
     def _park_long_waits(self, now: float) -> None:
-        """Park the waiting runs held here longer than ``extras_limit_max_hold``."""
+        """Park the waiting runs held here longer than ``extras_delay_max_hold``."""
         for bucket, waiting in list(self.waiting.items()):
             for ticket, holding in list(waiting):
                 if now - holding.since < self.max_hold:
@@ -326,13 +296,9 @@ class CoalesceGate(Gate):
             self._end_covered(name, task_id, dropped, revoked)
 
     def yielded(self, ticket: Ticket, seconds: float) -> None:
-        found = self.holding.pop(id(ticket.request), None)
-        if found is not None:
-            self._step_aside(ticket, found[1], seconds)
-
-    def _step_aside(self, ticket: Ticket, holding: Holding, seconds: float) -> None:
-        self.holds.call("step_aside", holding.bucket, ticket.request.id, holding.holder, seconds,
-                   holding.lease)  # fmt: skip
+        holding = self.runs.pop(ticket)
+        if holding is not None:
+            self.runs.step_aside(ticket, holding, seconds)
 
     def stop(self) -> None:
         """Waiting runs are dropped (the broker delivers them again); runs that had not
@@ -345,11 +311,7 @@ class CoalesceGate(Gate):
         for ticket in self.ending.values():  # acked by nobody: the broker delivers it again
             compat.forget_held(ticket.request)
         self.ending.clear()
-        admitted = self._pipeline.admitted if self._pipeline is not None else {}
-        for key, (ticket, holding) in list(self.holding.items()):
-            if key not in admitted:
-                del self.holding[key]
-                self._step_aside(ticket, holding, 0.0)
+        self.runs.drop_unadmitted(self._pipeline.admitted if self._pipeline is not None else {})
         self.notices.stop()
         task_revoked.disconnect(dispatch_uid=f"coalesce.{id(self)}")
 
@@ -359,19 +321,7 @@ class CoalesceGate(Gate):
         """Renew the holds due (every third of the lease), and ask again for the waiting runs
         due (their renewal): every :data:`ASK_AGAIN` seconds, or when the run's lease ends."""
         now = self.clock()
-        for (bucket, holder, lease), ids in _renewals_due(self.holding.values(), now).items():
-            lost = self.holds.call("renew", bucket, ids, holder, lease)
-            if lost:
-                for _, holding in self.holding.values():
-                    if holding.holder == holder:
-                        holding.lost = True  # renewed no more: its end frees nothing
-                self.counts["lost_holds"] += len(lost)
-                logger.error(
-                    "celery-extras: the coalescing hold of %s ran past its lease (%.0f s) "
-                    "before renewal (the worker was blocked or cut off from the store); "
-                    "another run of its key may start",
-                    bucket[0], lease,
-                )  # fmt: skip
+        self.runs.renew(now)
         for bucket, waiting in list(self.waiting.items()):
             if any(now >= holding.next_ask for _, holding in waiting):
                 self.wake(bucket)
@@ -383,13 +333,14 @@ class CoalesceGate(Gate):
     def info(self) -> dict[str, Any]:
         tasks = {name: {**spec.describe(), "running": 0, "waiting": 0}
                  for name, spec in self.specs.items()}  # fmt: skip
-        for _, holding in self.holding.values():
+        for holding in self.runs.running():
             tasks[holding.bucket[0]]["running"] += 1
         for bucket, waiting in self.waiting.items():
             tasks[bucket[0]]["waiting"] += len(waiting)
         return {
             "tasks": tasks,
             **self.counts,
+            "lost_holds": self.runs.lost,
             **{f"covered_{what}": count for what, count in self.endings.counts.items()},
             "store": "shared" if self.holds.shared else "worker",
             **self.health.info(),

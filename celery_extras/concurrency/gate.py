@@ -60,7 +60,7 @@ class SlotGate(Gate):
         self.app = app
         self.clock = clock
         self.on_store_error: str = settings["concurrency_on_store_error"]
-        self.store_retry: float = settings["limit_store_retry"]
+        self.store_retry: float = settings["store_retry"]
         self.specs: dict[str, ConcurrencySpec] = {}
         self.local = TableSlots(SlotTable(clock), "worker")
         self.fallback = TableSlots(SlotTable(clock), "fallback")

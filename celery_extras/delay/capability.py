@@ -158,7 +158,7 @@ class DelayGateStep(bootsteps.StartStopStep):
             Parker(app, settings["delay_tombstone_ttl"]),
             eta_store=settings["eta_store"],
             eta_threshold=settings["eta_threshold"],
-            store_retry=settings["limit_store_retry"],
+            store_retry=settings["store_retry"],
         )
         setattr(c, DELAY_ATTR, self.gate)
 
@@ -187,6 +187,18 @@ class DelayGateStep(bootsteps.StartStopStep):
 DELAY = Capability(
     name="delay",
     settings=(
+        Setting(
+            "delay_max_hold",
+            2.0,
+            number(minimum=0),
+            "float",
+            "Longest wait (seconds) a task is held in the worker (no pool slot, prefetch "
+            "window widened): a rate-limited task, a coalesced waiting run. A longer wait "
+            "parks the message in the delay store (a limited task with its booked slot; "
+            "stored, then the original acked); so does a retry whose countdown is longer. "
+            "Formerly ``extras_limit_max_hold``.",
+            formerly=("limit_max_hold",),
+        ),
         Setting(
             "delay_lead",
             1.0,

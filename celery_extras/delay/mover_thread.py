@@ -4,7 +4,7 @@
 queue of the queue it came from, a lead time before it is due. Every worker
 consumes the due queue of each of its queues beside the queue itself, so a
 released task never waits behind its queue's backlog. While the store cannot
-answer, the thread waits ``extras_limit_store_retry`` seconds and tries again.
+answer, the thread waits ``extras_store_retry`` seconds and tries again.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class MoverThread:
     def __init__(self, app: Celery, parker: Parker, settings: Mapping[str, Any]) -> None:
         self.app = app
         self.parker = parker
-        self.store_retry = float(settings.get("limit_store_retry", 1.0))
+        self.store_retry = float(settings["store_retry"])
         self.settings = settings
         self.mover: Mover | None = None
         self._stop = threading.Event()

@@ -7,7 +7,7 @@ limit that makes it wait longest booked) and then:
 
 * runs now when the slot is now;
 * waits when it is later: held in the worker's timer when the wait is at most
-  ``extras_limit_max_hold``, parked in the delay store otherwise (the whole message
+  ``extras_delay_max_hold``, parked in the delay store otherwise (the whole message
   is stored with its booked slot, and only then acked; the worker that receives it
   again checks the slot against the store before it runs it there, so a header
   alone books nothing). The pipeline carries either out.
@@ -122,6 +122,10 @@ class LimitGate(Gate):
     def load_overrides(self) -> None:
         self.planner.load_overrides()
         self.announce(*self.planner.specs)
+
+    def start(self, pipeline: Any, consumer: Any) -> None:
+        """The consumer started: the run-time rates stored by ``celery extras limit`` apply."""
+        self.load_overrides()
 
     # -- the gate ------------------------------------------------------------------------------
 

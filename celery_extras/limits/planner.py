@@ -12,19 +12,17 @@ admission pipeline is :mod:`.gate`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from ..admission.spec import call_key
-from ..bounds import MAX_WAIT, shown
-from ..checks import is_int
-from ..clock import monotonic
-from ..store.health import StoreHealth, StoreUser, store_text
-from .rate import format_rate, parse_burst, parse_rate
-from .redis_bucket import GlobalTokenBucket, Override, Take, override_field
+from ..bounds import MAX_WAIT
+from .redis_bucket import Take
 from .spec import CostError, LimitSpec, limit_id
 from .token_bucket import TokenBucket
+from .worker_limits import WorkerLimits
 
 __all__ = ["LATE_CAP", "LATE_FLOOR", "LimitPlanner", "Plan"]
 
@@ -38,15 +36,13 @@ logger = logging.getLogger("celery_extras.limits.gate")
 LATE_FLOOR = 0.02
 LATE_CAP = 0.5
 
-_MAX_LOCAL_BUCKETS = 4096
-
 #: How much faster than its rate a worker-scope limit schedules the returns of the tasks
 #: it parked: they come back to any worker, so each worker receives more than it can
 #: run and none idles while another holds two (the surplus is held or parked again).
 PARKED_PACE = 2.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """What to do with one task: ``run`` now, ``hold`` it *wait* s, ``park`` it, or
     ``refuse`` it (its cost cannot be taken: *error* says why).
@@ -92,153 +88,13 @@ class _Call:
         return Take(self.id, self.key, self.spec.rate, self.spec.burst, self.cost, narrow)
 
 
-class LimitPlanner:
-    """One worker's limits, decided on *clock*: buckets, run-time rates, store health.
-
-    *global_bucket* builds the store's :class:`GlobalTokenBucket` when first needed;
-    *store* reports its calls (by default a store health of this planner's own).
-    """
-
-    def __init__(
-        self,
-        settings: Mapping[str, Any],
-        global_bucket: Callable[[], GlobalTokenBucket],
-        clock: Callable[[], float] = monotonic,
-        store: StoreUser | None = None,
-    ) -> None:
-        self.clock = clock
-        self._make_bucket = global_bucket
-        self.max_hold: float = settings["limit_max_hold"]
-        self.on_store_error: str = settings["limit_on_store_error"]
-        self.store_retry: float = settings["limit_store_retry"]
-        self.all_shadow: bool = bool(settings.get("limits_shadow", False))
-        self.specs: dict[str, tuple[LimitSpec, ...]] = {}
-        #: run-time rates by :func:`~.redis_bucket.override_field`
-        self.overrides: dict[str, Override] = {}
-        self.local: dict[tuple[str, str], TokenBucket] = {}
-        if store is None:
-            store = StoreHealth(self.store_retry, clock).user(logger, *self.outage_texts())
-        self.store = store
-        self._bucket: GlobalTokenBucket | None = None
-        #: Latest global slot this worker booked per bucket, and the span (burst x interval)
-        #: it covers: a fallback bucket starts after it, so an outage adds no second burst.
-        self._last_slot: dict[tuple[str, str], tuple[float, float]] = {}
-
-    # -- set-up --------------------------------------------------------------------------
-
-    def register(self, name: str, specs: LimitSpec | tuple[LimitSpec, ...]) -> None:
-        """Task *name* has these limits (top first)."""
-        self.specs[name] = (specs,) if isinstance(specs, LimitSpec) else tuple(specs)
-
-    def outage_texts(self) -> tuple[str, str]:
-        """What this planner is called in the outage log, and what an outage does to it."""
-        return (
-            "global limits",
-            f"they fall back to extras_limit_on_store_error={self.on_store_error!r} "
-            "until it answers",
-        )
-
-    def global_bucket(self) -> GlobalTokenBucket:
-        if self._bucket is None:
-            self._bucket = self._make_bucket()
-        return self._bucket
-
-    def load_overrides(self) -> None:
-        """Read the run-time rates stored by ``celery extras limit`` (bad entries are logged)."""
-        try:
-            stored = self.global_bucket().overrides()
-        except Exception as exc:  # unreachable, a wrong-type key: the task's own limits apply
-            logger.warning(
-                "celery-extras: could not read run-time limits from the store: %s",
-                store_text(exc),
-            )
-            return
-        for field, raw in stored.items():
-            try:
-                self.overrides[field] = Override.loads(raw)
-            except ValueError as exc:
-                self.global_bucket().report_ignored(field, str(exc))
-        for name in self.specs:
-            self._retune(name)
-
-    # -- run-time rates --------------------------------------------------------------------
-
-    def shadow(self, spec: LimitSpec) -> bool:
-        return spec.shadow or self.all_shadow
-
-    def effective(self, limit: str, key: str, spec: LimitSpec) -> tuple[float, int]:
-        """The rate and burst of *limit* (an id) for *key*: a run-time rate set for that key,
-        else for the limit, else its ``limit()``."""
-        override = self.overrides.get(override_field(limit, key)) if key else None
-        if override is None:
-            override = self.overrides.get(limit)
-        if override is None:
-            return spec.rate, spec.burst
-        return override.rate, override.burst or spec.burst
-
-    def _retune(self, name: str) -> None:
-        for index, spec in enumerate(self.specs.get(name, ())):
-            limit = limit_id(name, index)
-            for (bucket_name, key), bucket in self.local.items():
-                if bucket_name in (limit, f"fallback:{limit}", f"parked:{limit}"):
-                    bucket.set_rate(*self.effective(limit, key, spec))
-
-    def limit_of(self, name: object, limit: object = None) -> tuple[str, LimitSpec]:
-        """``(id, spec)`` of the *limit*-th (1-based, top first; may be left out when the task
-        has one) ``limit()`` of task *name*; :class:`ValueError` naming the culprit."""
-        if not isinstance(name, str):
-            raise ValueError(f"task_name {shown(name)}: expected a task name (a string)")
-        specs = self.specs.get(name)
-        if not specs:
-            raise ValueError(f"task {shown(name)} has no limit() on this worker")
-        if limit is None and len(specs) == 1:
-            limit = 1
-        if not is_int(limit, minimum=1, maximum=len(specs)):
-            listed = ", ".join(f"{i}: {s.text}" for i, s in enumerate(specs, 1))
-            raise ValueError(
-                f"limit {shown(limit)}: task {name} has {len(specs)} limit()s; name one of "
-                f"them by its place, top first ({listed})"
-            )
-        return limit_id(name, limit - 1), specs[limit - 1]
-
-    def set_limit(
-        self, name: object, rate: object, burst: object = None, key: object = None,
-        limit: object = None,
-    ) -> str:  # fmt: skip
-        """Apply a new rate for a limit of *name* (for one *key* of it) on this worker;
-        :class:`ValueError` naming the culprit."""
-        limit_name, spec = self.limit_of(name, limit)
-        key = _check_key(key)
-        per_second = parse_rate(rate)
-        checked = None if burst is None else parse_burst(burst)
-        text = rate.strip() if isinstance(rate, str) else format_rate(per_second)
-        self.overrides[override_field(limit_name, key)] = Override(per_second, checked, text)
-        if self._bucket is not None:
-            self._bucket.expire_overrides()
-        self._retune(str(name))
-        for_key = f" for key {key!r}" if key else ""
-        return f"{limit_name}{for_key}: {text} (burst {checked or spec.burst}, {spec.scope})"
-
-    def reset_limit(self, name: object, key: object = None, limit: object = None) -> str:
-        """Drop the run-time rate of a limit of *name* (of one *key*) on this worker."""
-        limit_name, spec = self.limit_of(name, limit)
-        key = _check_key(key)
-        had = self.overrides.pop(override_field(limit_name, key), None)
-        self._retune(str(name))
-        for_key = f" for key {key!r}" if key else ""
-        back = f"{limit_name}{for_key}: back to {spec.text} (burst {spec.burst}, {spec.scope})"
-        return back if had is not None else back + "; it had no run-time rate"
+class LimitPlanner(WorkerLimits):
+    """What to do with each arriving task of one worker's limits (see the module)."""
 
     # -- deciding ----------------------------------------------------------------------------
 
     def _local(self, bucket_name: str, key: str, rate: float, burst: int) -> TokenBucket:
-        bucket = self.local.get((bucket_name, key))
-        if bucket is None:
-            if len(self.local) >= _MAX_LOCAL_BUCKETS:
-                for k in [k for k, b in self.local.items() if b.idle()]:
-                    del self.local[k]
-            bucket = self.local[(bucket_name, key)] = TokenBucket(rate, burst, self.clock)
-        return bucket
+        return self.buckets.get(bucket_name, key, rate, burst)
 
     def _calls(self, name: str, request: Any) -> list[_Call]:
         """Each limit of *name* as *request* meets it; :class:`CostError` naming the limit."""
@@ -282,18 +138,27 @@ class LimitPlanner:
         if slot is not None:
             wait = slot - self.clock()
             if wait > 0:
-                return Plan("hold", wait, True, slot, verified=True, limit=slot_limit,
-                            taken=taken)  # fmt: skip
+                return Plan(
+                    action="hold",
+                    wait=wait,
+                    booked=True,
+                    due=slot,
+                    verified=True,
+                    limit=slot_limit,
+                    taken=taken,
+                )
             if -wait > self.late_tolerance(name, slot_limit):
                 taken = frozenset()  # missed: every limit is asked again
             elif slot_limit is None:
-                return Plan("run", 0.0, True, slot, verified=True, limit=None)
+                return Plan(
+                    action="run", wait=0.0, booked=True, due=slot, verified=True, limit=None
+                )
             else:
                 taken = taken | {slot_limit}
         try:
             calls = self._calls(name, request)
         except CostError as exc:
-            return Plan("refuse", 0.0, False, self.clock(), error=str(exc))
+            return Plan(action="refuse", wait=0.0, booked=False, due=self.clock(), error=str(exc))
         enforcing = [c for c in calls if not self.shadow(c.spec) and c.index not in taken]
         shadows = [c for c in calls if self.shadow(c.spec)]
         plan = self._decide(name, enforcing, shadows, verified=bool(taken))
@@ -314,7 +179,8 @@ class LimitPlanner:
             except Exception as exc:  # whatever the store says, the consumer carries on
                 self.store.failed(exc)
         if remote and self.on_store_error == "delay":  # wait, then ask the store again
-            return Plan("hold", self.store_retry, False, self.clock() + self.store_retry,
+            return Plan(action="hold", wait=self.store_retry, booked=False,
+                        due=self.clock() + self.store_retry,
                         limit=None, held_by=remote[0].index)  # fmt: skip
         if self.on_store_error == "local":
             local, shadow_local = local + remote, shadow_local + shadow_remote
@@ -363,20 +229,27 @@ class LimitPlanner:
         now = self.clock()
         for call, booked, own in remote_booked:
             if booked:  # the latest slot it booked here: a fallback bucket starts after it
-                self._booked((call.id, call.key), now + own, call.burst / call.rate)
+                self.buckets.booked((call.id, call.key), now + own, call.burst / call.rate)
                 taken.add(call.index)
-        if wait > MAX_WAIT or wait != wait:  # booked nothing: wait that long, ask again
+        if wait > MAX_WAIT or math.isnan(wait):  # booked nothing: wait that long, ask again
             held_by = binding.index if binding else _first(remote + local)
-            return Plan("hold", MAX_WAIT, False, now + MAX_WAIT, limit=None, held_by=held_by)
+            return Plan(
+                action="hold",
+                wait=MAX_WAIT,
+                booked=False,
+                due=now + MAX_WAIT,
+                limit=None,
+                held_by=held_by,
+            )
         for bucket, call in zip(buckets, local, strict=True):
             if call.cost:  # narrow: each books its own slot
                 bucket.reserve(call.cost)
                 taken.add(call.index)
         if wait > 0:
-            assert binding is not None
+            binding = binding or (remote + local)[0]  # the store's wait, none binding named
             fell_back = fallback and binding.spec.scope == "global"
             if binding.spec.scope == "global" and not fell_back:
-                wait = self._after_fallback(binding.id, binding.key, wait)
+                wait = self.buckets.after_fallback(binding.id, binding.key, wait)
             held = self._held(wait, now, binding.index, binding.index, fell_back)
             return replace(held, taken=frozenset(taken - {binding.index}))
         # admitted: every limit is taken now; the shadow ones say what they would have done
@@ -385,11 +258,13 @@ class LimitPlanner:
                 bucket = self._bucket_of(c, fallback)
                 shadow_waits.append((c.index, min(MAX_WAIT, bucket.reserve(c.cost, MAX_WAIT))))
         shadowed = tuple((i, w) for i, w in shadow_waits if w > 0)
-        debt = max([0.0] + [self._after_fallback(c.id, c.key, 0.0) for c in remote])
+        debt = max([0.0] + [self.buckets.after_fallback(c.id, c.key, 0.0) for c in remote])
         if debt > 0:  # a fallback bucket handed out slots during an outage: wait them out
             only = remote[0].index if len(local) + len(remote) == 1 else None
             return replace(self._held(debt, now, only, remote[0].index, False), shadowed=shadowed)
-        return Plan("run", 0.0, True, now, verified=verified, shadowed=shadowed)
+        return Plan(
+            action="run", wait=0.0, booked=True, due=now, verified=verified, shadowed=shadowed
+        )
 
     def _parked_unbooked(self, call: _Call, wait: float) -> Plan:
         """A worker-scope limit makes the task wait longer than the worker holds: it is
@@ -402,7 +277,14 @@ class LimitPlanner:
         schedule.charge_until(bucket.booked_until())
         wait = max(wait, min(MAX_WAIT, schedule.reserve(call.cost, MAX_WAIT)))
         now = self.clock()
-        return Plan("park", wait, False, now + wait, limit=call.index, held_by=call.index)
+        return Plan(
+            action="park",
+            wait=wait,
+            booked=False,
+            due=now + wait,
+            limit=call.index,
+            held_by=call.index,
+        )
 
     def _held(
         self, wait: float, now: float, limit: int | None, held_by: int, fallback: bool
@@ -410,40 +292,23 @@ class LimitPlanner:
         """Hold for *wait* in the worker, or park it when longer than the hold (never a
         fallback slot: the store does not know it; never one of several limits taken)."""
         if wait > self.max_hold and not fallback and limit is not None:
-            return Plan("park", wait, True, now + wait, limit=limit, held_by=held_by)
-        return Plan("hold", wait, True, now + wait, fallback=fallback, limit=limit,
-                    held_by=held_by)  # fmt: skip
+            return Plan(
+                action="park", wait=wait, booked=True, due=now + wait, limit=limit, held_by=held_by
+            )
+        return Plan(
+            action="hold",
+            wait=wait,
+            booked=True,
+            due=now + wait,
+            fallback=fallback,
+            limit=limit,
+            held_by=held_by,
+        )
 
     def _bucket_of(self, call: _Call, fallback: bool) -> TokenBucket:
         if call.spec.scope == "worker" or not fallback:
             return self._local(call.id, call.key, call.rate, call.burst)
-        bucket = self._local(f"fallback:{call.id}", call.key, call.rate, call.burst)
-        last = self._last_slot.get((call.id, call.key))
-        if last is not None:
-            bucket.charge_until(last[0])
-        return bucket
-
-    def _after_fallback(self, limit: str, key: str, wait: float) -> float:
-        """*wait*, or longer so the slot comes after those the fallback bucket handed out
-        during an outage: a worker adds no global burst on top of its local debt."""
-        fallback = self.local.get((f"fallback:{limit}", key))
-        if fallback is None:
-            return wait
-        now = self.clock()
-        after = min(MAX_WAIT, fallback.booked_until() + fallback.interval - now)
-        if after <= wait:
-            return wait  # the store's own schedule has caught up
-        fallback.charge_until(now + after)  # the next one comes an interval later
-        return after
-
-    def _booked(self, bucket: tuple[str, str], when: float, span: float) -> None:
-        if len(self._last_slot) >= _MAX_LOCAL_BUCKETS:
-            now = self.clock()
-            for k in [k for k, (at, s) in self._last_slot.items() if at + s <= now]:
-                del self._last_slot[k]
-        last = self._last_slot.get(bucket)
-        if last is None or when > last[0]:
-            self._last_slot[bucket] = (when, span)
+        return self.buckets.fallback(call.id, call.key, call.rate, call.burst)
 
 
 def _first(calls: list[_Call]) -> int | None:
@@ -453,11 +318,3 @@ def _first(calls: list[_Call]) -> int | None:
 def _argmax(values: Any) -> int:
     listed = list(values)
     return max(range(len(listed)), key=listed.__getitem__)
-
-
-def _check_key(key: object) -> str:
-    if key is None:
-        return ""
-    if not isinstance(key, str) or not 0 < len(key) <= 200:
-        raise ValueError(f"key {shown(key)}: expected a bucket key (1 to 200 characters)")
-    return key

@@ -5,7 +5,7 @@ tracer. The wait comes from the policy bound to Redis-backed failure counts, so
 every worker sees the same per-item memory; success forgets it. The retry goes
 through Celery's own ``task.retry`` (publish the retry, then the old message is
 acked), and a countdown may be a fraction of a second. A retry that waits longer
-than ``extras_limit_max_hold`` is parked in the delay store instead of published
+than ``extras_delay_max_hold`` is parked in the delay store instead of published
 with an ETA (:mod:`celery_extras.retries.parking`), so no broker's visibility timeout
 delivers it twice. Retries exhausted: the
 task fails with the original exception.
@@ -140,7 +140,7 @@ def _parker(app: Celery, countdown: float) -> Parker | None:
     if per_app is None:
         settings = settings_of(app)
         per_app = _parkers[app] = (
-            float(settings["limit_max_hold"]),
+            float(settings["delay_max_hold"]),
             Parker(app, settings["delay_tombstone_ttl"]),
         )
     max_hold, parker = per_app

@@ -51,6 +51,7 @@ from ..settings import (
     REDIS_OPTIONS,
     REDIS_URL,
     STORE_ALLOW_EVICTION,
+    STORE_RETRY,
     STORE_TIMEOUT,
     settings_of,
 )
@@ -431,7 +432,7 @@ def store_health(app: Celery) -> StoreHealth:
     with _lock:
         health = _health.get(app)
         if health is None:
-            retry = float(settings_of(app).get("limit_store_retry", 1.0))
+            retry = float(settings_of(app)[STORE_RETRY])
             health = _health[app] = StoreHealth(retry)
         return health
 
@@ -448,7 +449,7 @@ def store_user(
     if clock in (time.monotonic, clocks.monotonic):
         health = store_health(app)
     else:
-        health = StoreHealth(float(settings_of(app).get("limit_store_retry", 1.0)), clock)
+        health = StoreHealth(float(settings_of(app)[STORE_RETRY]), clock)
     return health.user(logger, what, consequence)
 
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..bounds import MAX_WAIT
-from ..compat import limited_set_newest
 from .entries import MAX_ID_LENGTH, Stamp, expiry_of, valid_id, valid_stamp
 
 __all__ = ["KNOWN_GRACE", "WorkerRevokes", "trim_oldest"]
@@ -41,8 +40,12 @@ class WorkerRevokes:
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         max_entries: int | None = None,
+        newest: Callable[[Any, int], list[Any]] | None = None,
     ) -> None:
         self.revoked = revoked  # celery.utils.collections.LimitedSet
+        #: the *n* ids added last to *revoked*, oldest first (the worker step hands the
+        #: fast reader of Celery's ``LimitedSet``; by default its own sorted iteration)
+        self.newest = newest or _newest
         self.revoked_stamps = revoked_stamps
         self.default_expires = default_expires
         #: Most entries of each structure below (and of stamps merged into Celery's
@@ -219,8 +222,12 @@ class WorkerRevokes:
 
     def newest_ids(self, limit: int) -> list[str]:
         """Up to *limit* ids, the most recently added last (oldest evicted first on merge)."""
-        ids = limited_set_newest(self.revoked, limit)
+        ids = self.newest(self.revoked, limit)
         return [i for i in ids if isinstance(i, str) and len(i) <= MAX_ID_LENGTH]
+
+
+def _newest(revoked: Any, limit: int) -> list[Any]:
+    return list(revoked)[-limit:] if limit > 0 else []
 
 
 def trim_oldest(entries: dict[Any, float], limit: int) -> None:

@@ -58,7 +58,10 @@ class SyncStep(bootsteps.StartStopStep):
         if not self.enabled:
             return
         revokes = WorkerRevokes(
-            compat.worker_revoked(), compat.worker_revoked_stamps(), settings["revoke_expires"]
+            compat.worker_revoked(),
+            compat.worker_revoked_stamps(),
+            settings["revoke_expires"],
+            newest=compat.limited_set_newest,
         )
         setattr(c, SYNCER_ATTR, Syncer(c.app, c.hostname, revokes, settings))
 

@@ -63,7 +63,7 @@ SMALL_JSON = st.recursive(
     max_leaves=5,
 )  # fmt: skip
 SETTINGS = {
-    "limit_max_hold": 2.0, "limit_on_store_error": "local", "limit_store_retry": 1.0,
+    "delay_max_hold": 2.0, "limit_on_store_error": "local", "store_retry": 1.0,
     "sync_interval": 1.0, "sync_reply_max": 100, "sync_hello_timeout": 0.1,
     "revoke_max": 100, "revoke_expires": 100.0,
 }  # fmt: skip

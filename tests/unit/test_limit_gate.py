@@ -33,7 +33,7 @@ from tests.support.clock import FakeClock
 from tests.support.fake_consumer import Consumer
 from tests.support.fake_global import FakeGlobal
 
-SETTINGS = {"limit_max_hold": 2.0, "limit_on_store_error": "local", "limit_store_retry": 1.0}
+SETTINGS = {"delay_max_hold": 2.0, "limit_on_store_error": "local", "store_retry": 1.0}
 
 
 class Request:

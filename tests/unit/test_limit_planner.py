@@ -10,7 +10,7 @@ from celery_extras.limits.planner import LimitPlanner
 from celery_extras.limits.spec import LimitSpec
 from tests.support.clock import FakeClock
 
-SETTINGS = {"limit_max_hold": 2.0, "limit_on_store_error": "local", "limit_store_retry": 1.0}
+SETTINGS = {"delay_max_hold": 2.0, "limit_on_store_error": "local", "store_retry": 1.0}
 
 
 def no_store() -> None:

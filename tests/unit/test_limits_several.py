@@ -30,7 +30,7 @@ from celery_extras.limits.token_bucket import TokenBucket
 from tests.support.clock import FakeClock
 from tests.support.fake_global import FakeGlobal
 
-SETTINGS = {"limit_max_hold": 1e9, "limit_on_store_error": "local", "limit_store_retry": 1.0}
+SETTINGS = {"delay_max_hold": 1e9, "limit_on_store_error": "local", "store_retry": 1.0}
 EPS = 1e-6
 
 
@@ -278,7 +278,7 @@ def test_a_worker_limit_parks_long_waits_without_booking_its_own_bucket() -> Non
     it (another worker may receive the task back); a schedule spreads the returns at
     twice the rate, after the slots held in the worker."""
     clock = FakeClock()
-    planner = LimitPlanner({**SETTINGS, "limit_max_hold": 1.0}, lambda: FakeGlobal(clock), clock)  # type: ignore[arg-type, return-value]
+    planner = LimitPlanner({**SETTINGS, "delay_max_hold": 1.0}, lambda: FakeGlobal(clock), clock)  # type: ignore[arg-type, return-value]
     planner.register("t", LimitSpec(2.0, 1, "worker", None, "2/s"))
     plans = [planner.plan("t", request()) for _ in range(6)]
     assert [(p.action, p.booked) for p in plans] == [("run", True), ("hold", True), ("hold", True),
@@ -305,10 +305,13 @@ def test_park_kinds_name_the_limit_whose_slot_the_store_verifies() -> None:
     gate.planner.register("t", (LimitSpec(10.0, 1, "global", None, "10/s"),
                                 LimitSpec(5.0, 1, "global", None, "5/s"),
                                 LimitSpec(2.0, 1, "worker", None, "2/s")))  # fmt: skip
-    kinds = [gate._park_kind("t", Plan("park", 9.0, True, 9.0, limit=i)) for i in range(3)]
+    parks = [Plan(action="park", wait=9.0, booked=True, due=9.0, limit=i) for i in range(3)]
+    kinds = [gate._park_kind("t", plan) for plan in parks]
     assert kinds == ["limit", "limit:1", "limit:worker"]
     # the limits it holds a token of already (booked at arrival) go with it
-    held = gate._park_kind("t", Plan("park", 9.0, True, 9.0, limit=1, taken=frozenset({0, 2})))
+    held = gate._park_kind(
+        "t", Plan(action="park", wait=9.0, booked=True, due=9.0, limit=1, taken=frozenset({0, 2}))
+    )
     assert held == "limit:1/0,2"
     assert [slot_of_kind(k) for k in (*kinds, held, "retry", "eta", "limit:x", "limit:1234")] == [
         (0, frozenset()),

@@ -172,7 +172,7 @@ class Request:
         pass
 
 
-SETTINGS = {"concurrency_on_store_error": "local", "limit_store_retry": 1.0}
+SETTINGS = {"concurrency_on_store_error": "local", "store_retry": 1.0}
 
 
 class Slots:

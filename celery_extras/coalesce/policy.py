@@ -1,0 +1,40 @@
+"""Coalescing as a policy of the admission pipeline: ``coalesce()``, its gate, settings and
+the producer's send-time stamp, in one entry of ``celery_extras.policies.POLICIES``."""
+
+from __future__ import annotations
+
+from celery import Celery
+from celery.signals import before_task_publish
+
+from ..admission.policy import Policy
+from ..settings import Setting, choice
+from .gate import CoalesceGate
+from .sent import stamp_sent
+
+__all__ = ["COALESCE"]
+
+
+def _connect(app: Celery) -> None:
+    before_task_publish.connect(stamp_sent, weak=False, dispatch_uid="celery_extras.coalesce")
+
+
+COALESCE = Policy(
+    name="coalesce",
+    decorator="coalesce()",
+    gate=CoalesceGate,
+    connect=_connect,
+    info_key="coalesce",
+    settings=(
+        Setting(
+            "coalesce_on_store_error",
+            "hold",
+            choice("hold", "run"),
+            "str",
+            "What a ``coalesce()`` task does while the store cannot be reached (or may evict "
+            "its holds): ``'hold'`` keeps each message waiting (unacked, never lost, never "
+            "two runs of a key at once) and asks the store again every "
+            "``extras_store_retry`` seconds; ``'run'`` runs every message without "
+            "coalescing (availability first). Logged once per outage.",
+        ),
+    ),
+)
