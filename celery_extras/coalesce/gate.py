@@ -252,7 +252,7 @@ class CoalesceGate(Gate):
         if ticket.retry_in is not None:
             self.runs.step_aside(ticket, holding, ticket.retry_in)
             return
-        done: Finished | None = self.holds.call("finish", holding.bucket, ticket.request.id,
+        done: Finished | None = self.holds.finish(holding.bucket, ticket.request.id,
                                            holding.holder)  # fmt: skip
         if done is None:
             return
@@ -275,7 +275,7 @@ class CoalesceGate(Gate):
                     continue
                 self._unwait(bucket, ticket)
                 self.counts["parked"] += 1
-                self.holds.call("park_wait", bucket, ticket.request.id, holding.holder, entry,
+                self.holds.park_wait(bucket, ticket.request.id, holding.holder, entry,
                            seconds, holding.lease)  # fmt: skip
 
     def _discarded(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
@@ -290,7 +290,7 @@ class CoalesceGate(Gate):
             return
         spec = self.specs[name]
         bucket = (name, call_key(name, spec.key, request, "coalesce", "key", logger))
-        dropped: Finished | None = self.holds.call("drop", bucket, task_id)
+        dropped: Finished | None = self.holds.drop(bucket, task_id)
         if dropped is not None:
             revoked = Outcome(states.REVOKED, TaskRevokedError("revoked"), None, task_id)
             self._end_covered(name, task_id, dropped, revoked)
@@ -306,7 +306,7 @@ class CoalesceGate(Gate):
         for bucket, waiting in list(self.waiting.items()):
             for ticket, holding in waiting:
                 compat.forget_held(ticket.request)
-                self.holds.call("forget", bucket, ticket.request.id, holding.holder)
+                self.holds.forget(bucket, ticket.request.id, holding.holder)
         self.waiting.clear()
         for ticket in self.ending.values():  # acked by nobody: the broker delivers it again
             compat.forget_held(ticket.request)

@@ -10,7 +10,7 @@ holds are this worker's :class:`~.table.CoalesceTable`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol, TypeVar
 
 from celery import Celery
 
@@ -20,9 +20,36 @@ from ..store.client import redis_client, store_key, store_safety, store_url
 from ..store.health import StoreUser
 from ..store.safety import COALESCING
 from .redis_holds import RedisHolds
-from .table import CoalesceTable, Verdict
+from .table import CoalesceTable, Finished, Verdict
 
-__all__ = ["Holds"]
+__all__ = ["CoalesceHolds", "Holds"]
+
+T = TypeVar("T")
+
+#: ``(task name, key)``: the bucket of one key's holds.
+Bucket = tuple[str, str]
+
+
+class CoalesceHolds(Protocol):
+    """What keeps the holds: the store's :class:`~.redis_holds.RedisHolds` or this worker's
+    :class:`~.table.CoalesceTable` (see the table for what each answers)."""
+
+    def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
+            keep: str, retries: int, context: str = "") -> Verdict: ...  # fmt: skip
+
+    def finish(self, bucket: Bucket, mid: str, holder: str) -> Finished | None: ...
+
+    def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
+                   lease: float) -> bool: ...  # fmt: skip
+
+    def park_wait(self, bucket: Bucket, mid: str, holder: str, entry: str, seconds: float,
+                  lease: float) -> bool: ...  # fmt: skip
+
+    def drop(self, bucket: Bucket, mid: str) -> Finished | None: ...
+
+    def forget(self, bucket: Bucket, mid: str, holder: str) -> None: ...
+
+    def renew(self, bucket: Bucket, ids: list[str], holder: str, lease: float) -> list[str]: ...
 
 
 class Holds:
@@ -44,22 +71,43 @@ class Holds:
             self._store = RedisHolds(redis_client(self.app), store_key(self.app))
         return self._store
 
-    def ask(self, *args: Any) -> Verdict | None:
-        """``ask(*args)`` of the holds; ``None`` when the store cannot (or must not) answer."""
+    def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
+            keep: str, retries: int, context: str = "") -> Verdict | None:  # fmt: skip
+        """The holds' verdict; ``None`` when the store cannot (or must not) answer."""
         if self.shared and self.safety.evicts(COALESCING):
             return None
-        verdict: Verdict | None = self.call("ask", *args)
-        return verdict
+        return self._call(lambda h: h.ask(bucket, mid, sent, holder, lease, keep, retries,
+                                          context))  # fmt: skip
 
-    def call(self, what: str, *args: Any) -> Any:
-        """``<holds>.<what>(*args)``; ``None`` when the store is away (a hold's lease ends
-        what a lost call would have ended)."""
+    def finish(self, bucket: Bucket, mid: str, holder: str) -> Finished | None:
+        return self._call(lambda h: h.finish(bucket, mid, holder))
+
+    def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
+                   lease: float) -> bool | None:  # fmt: skip
+        return self._call(lambda h: h.step_aside(bucket, mid, holder, seconds, lease))
+
+    def park_wait(self, bucket: Bucket, mid: str, holder: str, entry: str, seconds: float,
+                  lease: float) -> bool | None:  # fmt: skip
+        return self._call(lambda h: h.park_wait(bucket, mid, holder, entry, seconds, lease))
+
+    def drop(self, bucket: Bucket, mid: str) -> Finished | None:
+        return self._call(lambda h: h.drop(bucket, mid))
+
+    def forget(self, bucket: Bucket, mid: str, holder: str) -> None:
+        self._call(lambda h: h.forget(bucket, mid, holder))
+
+    def renew(self, bucket: Bucket, ids: list[str], holder: str, lease: float) -> list[str]:
+        return self._call(lambda h: h.renew(bucket, ids, holder, lease)) or []
+
+    def _call(self, call: Callable[[CoalesceHolds], T]) -> T | None:
+        """*call* on the holds; ``None`` when the store is away (a hold's lease ends what a
+        lost call would have ended)."""
         if not self.shared:
-            return getattr(self.local, what)(*args)
+            return call(self.local)
         if not self.health.up():
             return None
         try:
-            answer = getattr(self.store, what)(*args)
+            answer = call(self.store)
         except Exception as exc:
             self.health.failed(exc)
             return None

@@ -67,13 +67,13 @@ class RunHolds:
     def step_aside(self, ticket: Ticket, holding: Holding, seconds: float) -> None:
         """The run leaves this worker (a retry, parked, a lost connection): its key stays
         held *seconds* more for whoever runs it next."""
-        self.holds.call("step_aside", holding.bucket, ticket.request.id, holding.holder,
+        self.holds.step_aside(holding.bucket, ticket.request.id, holding.holder,
                         seconds, holding.lease)  # fmt: skip
 
     def renew(self, now: float) -> None:
         """Renew the holds due; a hold that ran out before renewal is lost (logged)."""
         for (bucket, holder, lease), ids in _renewals_due(self.runs.values(), now).items():
-            lost = self.holds.call("renew", bucket, ids, holder, lease)
+            lost = self.holds.renew(bucket, ids, holder, lease)
             if not lost:
                 continue
             for _, holding in self.runs.values():

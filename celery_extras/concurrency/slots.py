@@ -13,18 +13,38 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from ..store.health import StoreUser
 from .redis_slots import HANDOVER_PATIENCE, RedisSlots
 from .slot_table import Bucket, SlotTable
 
-__all__ = ["TICKET_LEASE", "UNLIMITED", "Grant", "StoreSlots", "TableSlots", "Unlimited"]
+__all__ = [
+    "TICKET_LEASE",
+    "UNLIMITED",
+    "Grant",
+    "SlotSource",
+    "StoreSlots",
+    "TableSlots",
+    "Unlimited",
+]
 
 logger = logging.getLogger("celery_extras.concurrency")
 
 #: Longest a worker's ticket (its place in a bucket's queue) lives without renewal.
 TICKET_LEASE = 3.0
+
+
+class SlotSource(Protocol):
+    """Where a slot was taken, and so freed and renewed: :class:`TableSlots`,
+    :class:`StoreSlots` or :data:`UNLIMITED`. ``renew`` answers the holders whose slot ran
+    out, or ``None`` when the store did not answer."""
+
+    kind: str
+
+    def release(self, grant: Grant) -> None: ...
+
+    def renew(self, bucket: Bucket, holders: list[str], lease: float) -> list[str] | None: ...
 
 
 @dataclass
@@ -33,7 +53,7 @@ class Grant:
 
     bucket: Bucket
     holder: str
-    source: Any  # TableSlots | StoreSlots | Unlimited
+    source: SlotSource
     lease: float
     renewed: float
 
