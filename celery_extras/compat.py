@@ -679,11 +679,12 @@ def transport_channels(transport: Any) -> list[Any]:
 
 
 def replace_connection_close(
-    connection: Any, wrap: Callable[[Callable[..., None]], Callable[..., None]]
+    connection: Any, wrap: Callable[[Callable[..., None], bool], Callable[..., None]]
 ) -> None:
-    """Route ``collect``, ``release`` and ``close`` of a kombu Connection through *wrap*."""
-    connection.collect = wrap(connection.collect)
-    connection.release = connection.close = wrap(connection.release)
+    """Route ``collect`` (a lost connection: ``wrap(collect, False)``), ``release`` and
+    ``close`` (a clean stop: ``wrap(release, True)``) of a kombu Connection through *wrap*."""
+    connection.collect = wrap(connection.collect, False)
+    connection.release = connection.close = wrap(connection.release, True)
 
 
 def drop_acks(channel: Any, dropped: Callable[..., None]) -> None:

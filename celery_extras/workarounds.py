@@ -18,6 +18,8 @@ from .compat import drop_acks, replace_connection_close, transport_channels
 __all__ = ["RedisCloseGuard"]
 
 logger = logging.getLogger(__name__)
+#: kombu's virtual transport logs a message delivered after its consumer was cancelled.
+_KOMBU_LOGGER = logging.getLogger("kombu.transport.virtual.base")
 
 
 class RedisCloseGuard(bootsteps.StartStopStep):
@@ -46,15 +48,32 @@ class RedisCloseGuard(bootsteps.StartStopStep):
         if connection is None or connection.transport.driver_type != "redis":
             return
         transport = connection.transport  # collect() drops it before release() runs
-        replace_connection_close(connection, lambda close: _guarded(close, transport))
+        replace_connection_close(connection, lambda close, clean: _guarded(close, transport,
+                                                                             clean))  # fmt: skip
 
 
-def _guarded(close: Callable[..., None], transport: Any) -> Callable[..., None]:
-    """*close* (``collect`` or ``release`` of a Redis connection), made safe for the worker."""
+class _Restored(logging.Filter):
+    """During a clean close: kombu's "Requeuing undeliverable message ... No consumers" (a
+    message that arrived after the consumers were cancelled) is no alarm, the close gives
+    it back to its queue with every other unacked message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and "No consumers" in record.getMessage():
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+def _guarded(close: Callable[..., None], transport: Any, clean: bool) -> Callable[..., None]:
+    """*close* (``collect`` of a lost Redis connection, or ``release`` of one closed cleanly,
+    *clean*), made safe for the worker."""
 
     def guarded(*args: Any, **kwargs: Any) -> None:
+        dropped = _restored_at_close if clean else _dropped
         for channel in list(transport_channels(transport)):  # closing one takes it off
-            drop_acks(channel, _dropped)
+            drop_acks(channel, dropped)
+        quiet = _Restored()
+        if clean:
+            _KOMBU_LOGGER.addFilter(quiet)
         try:
             close(*args, **kwargs)
         except AttributeError as exc:
@@ -63,8 +82,16 @@ def _guarded(close: Callable[..., None], transport: Any) -> Callable[..., None]:
                 "its unacked messages return after the visibility timeout",
                 exc,
             )
+        finally:
+            _KOMBU_LOGGER.removeFilter(quiet)
 
     return guarded
+
+
+def _restored_at_close(delivery_tag: Any, *args: Any, **kwargs: Any) -> None:
+    """Ack or reject while a Redis connection closes cleanly: the message stays unacked and
+    the close restores it to its queue (kombu's ``restore_unacked_once``)."""
+    logger.info("celery-extras: message %s is given back to its queue by the close", delivery_tag)
 
 
 def _dropped(delivery_tag: Any, *args: Any, **kwargs: Any) -> None:
