@@ -16,6 +16,7 @@ from .capability import Capability
 from .coalesce.decorator import coalesce
 from .concurrency.decorator import concurrency
 from .consumer import FairConsumerMixin, WeightedCycle, WeightedOrder
+from .debounce.decorator import debounce
 from .delay import DelayStore, RedisDelayStore
 from .delay.capability import delayed
 from .delay.purge import drop_delayed
@@ -74,6 +75,7 @@ __all__ = [
     "cluster_revoked",
     "coalesce",
     "concurrency",
+    "debounce",
     "delayed",
     "drop_delayed",
     "install",

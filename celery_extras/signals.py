@@ -14,6 +14,7 @@ __all__ = [
     "task_coalesced",
     "task_concurrency_limited",
     "task_covered_ended",
+    "task_debounced",
     "task_parked",
     "task_rate_limited",
     "task_released",
@@ -52,8 +53,8 @@ task_concurrency_limited = Signal(name="task_concurrency_limited", providing_arg
 #: request; ``by`` the id of the covering run.
 task_coalesced = Signal(name="task_coalesced", providing_args={"request", "by"})
 
-#: Sent in the worker's main process when a message a policy covered (coalesced...) has
-#: ended with the outcome of the run that covered it (see
+#: Sent in the worker's main process when a message a policy covered (coalesced,
+#: debounced...) has ended with the outcome of the run that covered it (see
 #: :mod:`celery_extras.admission.covered`); the worker is the one that ends it, maybe not the
 #: one that received it. ``sender`` is the task name; ``task_id`` the covered message's id;
 #: ``state`` ``SUCCESS``, ``FAILURE`` or ``REVOKED``; ``by`` the id of the covering run.
@@ -62,3 +63,8 @@ task_covered_ended = Signal(name="task_covered_ended", providing_args={"task_id"
 #: Sent in the worker's main process when a batch of a ``batch()`` task goes to the pool as
 #: one job. ``sender`` is the task name; ``size`` its number of calls; ``batch_id`` its id.
 task_batched = Signal(name="task_batched", providing_args={"size", "batch_id"})
+
+#: Sent in the worker's main process when a message of a debounced task is covered by a
+#: later message of its key (acked; it never runs: the run of the burst does its work).
+#: ``sender`` is the task name; ``request`` the request; ``by`` the id of the covering run.
+task_debounced = Signal(name="task_debounced", providing_args={"request", "by"})

@@ -1,5 +1,5 @@
-"""The one rule for a message a policy covers without running it (coalesced today; debounced
-and batched next): it ends as if it had run, with the outcome of the run that covered it.
+"""The one rule for a message a policy covers without running it (coalesced, debounced, or a
+call of a batch): it ends as if it had run, with the outcome of the run that covered it.
 
 "Ends" is what Celery's tracer (``celery.app.trace.build_tracer``) does when a task
 returns or raises, done with Celery's own pieces on a :class:`celery.app.task.Context`

@@ -37,7 +37,8 @@ class Policy:
     on one task, a tuple top first (``limit()``); *apply*: called with each task declaring
     it, as the task is made in an app (wrappers of ``run`` or ``retry``); *connect*: called
     once per app; *info_key*: where its gate's ``info()`` goes in ``inspect stats``'
-    ``extras_policies`` (``""``: merged at the top).
+    ``extras_policies`` (``""``: merged at the top); *parks*: a message of a task declaring
+    it may be parked in the delay store (its app's workers then consume due queues).
     """
 
     name: str
@@ -48,6 +49,7 @@ class Policy:
     apply: Callable[[Task, Any], None] | None = None
     connect: Callable[[Celery], None] | None = None
     info_key: str | None = None
+    parks: bool = False
 
     @property
     def empty(self) -> Any:

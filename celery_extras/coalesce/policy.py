@@ -20,6 +20,7 @@ def _connect(app: Celery) -> None:
 
 COALESCE = Policy(
     name="coalesce",
+    parks=True,
     decorator="coalesce()",
     gate=CoalesceGate,
     connect=_connect,

@@ -26,19 +26,16 @@ logger = logging.getLogger(__name__)
 
 
 def parking_uses(app: Celery) -> list[str]:
-    """Why workers of *app* may park tasks: ``extras_eta_store``, and each task with a
-    ``limit()`` (handed back), a ``retry_policy()`` (long countdowns) or a ``coalesce()``
-    (a long-waiting run). Empty: nothing of the app parks, so its workers need no due
-    queue and no mover."""
+    """Why workers of *app* may park tasks: ``extras_eta_store``, and each task with a policy
+    that parks (a ``limit()`` hands tasks back, a ``retry_policy()`` parks long countdowns,
+    a ``coalesce()`` or ``debounce()`` a long-waiting message). Empty: nothing of the app
+    parks, so its workers need no due queue and no mover."""
     uses = ["extras_eta_store"] if settings_of(app)["eta_store"] else []
     for name, task in sorted(app.tasks.items()):
         policies = policies_of(task)
-        if policies is not None and policies.limits:
-            uses.append(f"limit() on {name}")
-        if policies is not None and policies.retry is not None:
-            uses.append(f"retry_policy() on {name}")
-        if policies is not None and policies.coalesce is not None:
-            uses.append(f"coalesce() on {name}")  # a long-waiting run is parked
+        for policy in policies.declared() if policies is not None else ():
+            if policy.parks:
+                uses.append(f"{policy.decorator} on {name}")
     return uses
 
 

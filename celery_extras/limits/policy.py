@@ -18,6 +18,7 @@ def _connect(app: Celery) -> None:
 
 LIMITS = Policy(
     name="limits",
+    parks=True,
     decorator="limit()",
     gate=LimitGate,
     stacks=True,

@@ -11,6 +11,7 @@ __all__ = ["RETRIES"]
 
 RETRIES = Policy(
     name="retry",
+    parks=True,
     decorator="retry_policy()",
     apply=install_retry,
     settings=(

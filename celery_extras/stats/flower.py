@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 _TEMPLATE = Path(__file__).with_name("templates") / "extras.html"
 #: Counts shown per task, over one window.
 SHOWN = ("received", "succeeded", "failed", "retried", "rejected", "revoked", "rate_limited",
-         "parked", "coalesced", "shadow_limited")  # fmt: skip
+         "parked", "coalesced", "shadow_limited", "batched", "debounced")  # fmt: skip
 
 
 def _rates(

@@ -66,6 +66,7 @@ COUNTERS = (
     "coalesced",
     "shadow_limited",
     "batched",
+    "debounced",
 )
 (
     RECEIVED,
@@ -83,6 +84,7 @@ COUNTERS = (
     COALESCED,
     SHADOW_LIMITED,
     BATCHED,
+    DEBOUNCED,
 ) = range(len(COUNTERS))
 #: The runtime percentiles reported, as ``p<n>`` keys.
 PERCENTILES = (50, 95, 99)

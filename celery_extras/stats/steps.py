@@ -15,7 +15,7 @@ Where each counter comes from (all in the main process, for every pool):
 * ``succeeded``, ``failed`` too: each call of a batch (``batch()``), as it ends; ``batched``:
   each batch, as it goes to the pool (:data:`~celery_extras.signals.task_batched`).
 * ``rate_limited``, ``parked``, ``released``, ``concurrency_limited``, ``coalesced``,
-  ``shadow_limited``:
+  ``shadow_limited``, ``debounced``:
   the signals of :mod:`celery_extras.signals` of those names.
 * ``ignored``: a task raising :class:`~celery.exceptions.Ignore` (the pool callbacks).
 * ``rejected`` too: messages of unknown tasks (``task_unknown``) and messages Celery
@@ -40,6 +40,7 @@ from ..signals import (
     task_coalesced,
     task_concurrency_limited,
     task_covered_ended,
+    task_debounced,
     task_parked,
     task_rate_limited,
     task_released,
@@ -50,6 +51,7 @@ from .recorder import (
     BATCHED,
     COALESCED,
     CONCURRENCY_LIMITED,
+    DEBOUNCED,
     FAILED,
     PARKED,
     RATE_LIMITED,
@@ -87,6 +89,7 @@ class _Receivers:
             (task_covered_ended, self.on_covered_ended, f"{uid}.covered_ended"),
             (task_batched, self.on_batched, f"{uid}.batched"),
             (task_shadow_limited, self.on_shadow_limited, f"{uid}.shadow_limited"),
+            (task_debounced, self.on_debounced, f"{uid}.debounced"),
         ]
 
     def connect(self) -> None:
@@ -147,6 +150,9 @@ class _Receivers:
 
     def on_shadow_limited(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         self._count_named(sender, request, SHADOW_LIMITED)
+
+    def on_debounced(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        self._count_named(sender, request, DEBOUNCED)
 
 
 class StatsRecording(bootsteps.StartStopStep):

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from celery import Celery
 from kombu.transport.virtual import Channel
@@ -25,6 +25,7 @@ from kombu.transport.virtual import Channel
 from .. import clock, compat
 from ..admission.pipeline import PIPELINE_ATTR
 from ..batch.gate import BatchGate
+from ..debounce.gate import DebounceGate
 from ..delay.mover_thread import app_mover
 from ..delay.parking import Parker
 from ..delay.redis_store import RedisDelayStore
@@ -33,6 +34,8 @@ from ..settings import settings_of
 from ..store.client import redis_client, store_key
 
 __all__ = ["LoopProbe", "SettlingWorker", "logging_kept"]
+
+G = TypeVar("G")
 
 #: What a worker is busy with while a message it received is not acked yet.
 _ON_THE_WAY = "on their way in"
@@ -124,31 +127,44 @@ class SettlingWorker:
         self._probe = LoopProbe(hub) if hub is not None else None
 
     def next_due(self) -> float | None:
-        """The earliest parked wait, or open batch's wait, of the worker (wall time)."""
+        """The earliest parked wait, open batch's wait or debounced message's wait (its
+        quiet period) of the worker (wall time)."""
         store = cast("RedisDelayStore", self.parker.store)
         client = redis_client(self.app, background=True)
         firsts = [client.zrange(shard.key("due"), 0, 0, withscores=True)
                   for shard in store.shards()]  # fmt: skip
         dues = [float(f[0][1]) / 1000.0 for f in firsts if f]
-        batches = self._batches()
-        batch_due = batches.table.next_due() if batches is not None else None
-        if batch_due is not None:  # on the monotonic clock: as a wall time
-            dues.append(clock.wall() + batch_due - clock.monotonic())
+        for due in self._gate_dues():  # on the monotonic clock: as a wall time
+            dues.append(clock.wall() + due - clock.monotonic())
         return min(dues, default=None)
+
+    def _gate_dues(self) -> list[float]:
+        """When the worker's open batches and debounced messages are due (monotonic)."""
+        batches, debounce = self._gate(BatchGate), self._gate(DebounceGate)
+        dues = [batches.table.next_due() if batches is not None else None,
+                debounce.waiting.next_due() if debounce is not None else None]  # fmt: skip
+        return [due for due in dues if due is not None]
 
     def release_due(self) -> None:
         while self.mover.run_once() == 0.0:  # a parked batch: more may be due
             pass
-        batches = self._batches()
+        timer = self.controller.consumer.timer
+        batches, debounce = self._gate(BatchGate), self._gate(DebounceGate)
         if batches is not None:  # batches whose wait passed run, on the worker's loop
-            self.controller.consumer.timer.call_after(0.0, batches.flush_due, priority=6)
-            if self._probe is not None:
-                self._probe.wake()
+            timer.call_after(0.0, batches.flush_due, priority=6)
+        if debounce is not None:  # debounced messages whose wait passed ask again, there too
+            timer.call_after(0.0, debounce.ask_due, priority=6)
+        if self._probe is not None:
+            self._probe.wake()
 
     def _batches(self) -> BatchGate | None:
+        return self._gate(BatchGate)
+
+    def _gate(self, kind: type[G]) -> G | None:
+        """The worker's gate of class *kind*, if its pipeline has one."""
         pipeline = getattr(self.controller.consumer, PIPELINE_ATTR, None)
-        gate = pipeline.gate(BatchGate.label) if pipeline is not None else None
-        return gate if isinstance(gate, BatchGate) else None
+        gates = pipeline.gates if pipeline is not None else ()
+        return next((gate for gate in gates if isinstance(gate, kind)), None)
 
     def settle(self) -> None:
         deadline = time.monotonic() + self.settle_timeout
@@ -194,6 +210,10 @@ class SettlingWorker:
         due = batches.table.next_due() if batches is not None else None
         if due is not None and due <= clock.monotonic():
             return "a batch due"
+        debounce = self._gate(DebounceGate)
+        due = debounce.waiting.next_due() if debounce is not None else None
+        if due is not None and due <= clock.monotonic():
+            return "a debounced message due"
         running, reserved = compat.active_requests(), compat.reserved_requests()
         if running:
             return f"{len(running)} task(s) running"

@@ -1,0 +1,41 @@
+"""Debounce as a policy of the admission pipeline: ``debounce()``, its gate and its setting, in
+one entry of ``celery_extras.policies.POLICIES``."""
+
+from __future__ import annotations
+
+from celery import Celery
+from celery.signals import before_task_publish
+
+from ..admission.policy import Policy
+from ..settings import Setting, choice
+from .gate import DebounceGate
+from .sent import stamp_sent
+
+__all__ = ["DEBOUNCE"]
+
+
+def _connect(app: Celery) -> None:
+    before_task_publish.connect(stamp_sent, weak=False, dispatch_uid="celery_extras.debounce")
+
+
+DEBOUNCE = Policy(
+    name="debounce",
+    parks=True,
+    decorator="debounce()",
+    gate=DebounceGate,
+    connect=_connect,
+    info_key="debounce",
+    settings=(
+        Setting(
+            "debounce_on_store_error",
+            "hold",
+            choice("hold", "run"),
+            "str",
+            "What a ``debounce()`` task does while the store cannot be reached (or may evict "
+            "its holds): ``'hold'`` keeps each message waiting (unacked, never lost, never "
+            "two runs of a key at once) and asks the store again every "
+            "``extras_store_retry`` seconds; ``'run'`` runs every message without "
+            "debouncing (availability first). Logged once per outage.",
+        ),
+    ),
+)

@@ -1,0 +1,269 @@
+-- Follows now_ms.lua. The rules of celery_extras/debounce/table.py, for one key.
+-- KEYS[1]: the key's hash: run (JSON {id, h (holder), u (lease end ms), s (sent ms),
+-- r (retries)}), next (the last message of the burst waiting: JSON {id, h, u, s, f (its
+-- burst's first arrival ms), d (due ms), e (its delay-store entry, when parked)}), last
+-- (the last run that ended: JSON {id, s, u (remembered until)}), o (orphans, JSON list),
+-- b:<id> (the id covering <id>; kept after that run ended for an id unconfirmed), n (task),
+-- k (key). The ids a run (or the next message) covers are the list
+-- KEYS[1]..':c:'..<id> (same hash tag); a covered id is confirmed (its holder was told, and
+-- acked it) once field <id> of the hash KEYS[1]..':x' holds its ending context (JSON text,
+-- '' for none), until the run covering it ends or is dropped.
+-- ARGV[1] is the operation, ARGV[2] the message id, ARGV[3] the holder:
+--   ask     ARGV 4: sent ms, 5: wait ms, 6: max_wait ms ('' for none), 7: lease ms,
+--           8: retries, 9: task, 10: key, 11: the message's ending context (kept when it
+--           is covered)
+--           -> {'run'|'wait'|'covered', covering id, ms until it should ask again (wait),
+--               1 if the covering run has ended}
+--   finish  -> {} (no longer the run) or {1 if a next message is due else 0, its parked
+--              entry if it is due or '', {covered ids...}, {their contexts, '' for none...}}
+--   aside   ARGV 4: hold ms -> 1, or 0 if no longer the run
+--   parked  ARGV 4: hold ms, 5: delay-store entry -> 1, or 0 if no longer the next message
+--   dropped -> {} or {1, {confirmed covered ids...}, {their contexts...}}: Celery discarded
+--              the next message (or the run between attempts) before it ran
+--   forget  -> 1
+--   renew   ARGV 4: lease ms, ids from ARGV 5 -> the ids whose hold had run out
+-- Each write sets the keys' TTL to the longest hold + a day (orphans, and the last run,
+-- are remembered that long).
+
+local h = KEYS[1]
+local x = h .. ':x'
+local op, mid, holder = ARGV[1], ARGV[2], ARGV[3]
+local DAY = 86400000
+local MAX_CONTEXT = 131072
+
+-- A field that is not what this script wrote (garbage, a foreign write) reads as absent,
+-- so a damaged key heals at its next write instead of failing every call.
+local function get(field)
+  local raw = redis.call('HGET', h, field)
+  if not raw then return nil end
+  local ok, v = pcall(cjson.decode, raw)
+  if ok and type(v) == 'table' then return v end
+  return nil
+end
+local function hold(field)
+  local v = get(field)
+  if not v or type(v.id) ~= 'string' or type(v.u) ~= 'number' then return nil end
+  if type(v.h) ~= 'string' then v.h = '' end
+  if type(v.s) ~= 'number' then v.s = 0 end
+  if type(v.r) ~= 'number' then v.r = 0 end
+  if type(v.f) ~= 'number' then v.f = 0 end
+  if type(v.d) ~= 'number' then v.d = 0 end
+  if type(v.e) ~= 'string' then v.e = nil end
+  return v
+end
+local function put(field, v)
+  if v then redis.call('HSET', h, field, cjson.encode(v)) else redis.call('HDEL', h, field) end
+end
+local orphans = {}
+for _, one in ipairs(get('o') or {}) do
+  if type(one) == 'string' then table.insert(orphans, one) end
+end
+local function orphaned(id)
+  for i, o in ipairs(orphans) do if o == id then return i end end
+  return nil
+end
+-- The ids *id* covers, forgotten here (its list and their b: fields).
+local function release(id)
+  local list = h .. ':c:' .. id
+  local ids = redis.call('LRANGE', list, 0, -1)
+  redis.call('DEL', list)
+  for _, one in ipairs(ids) do redis.call('HDEL', h, 'b:' .. one) end
+  return ids
+end
+local function orphan(id)
+  local ids = release(id)
+  table.insert(ids, id)
+  for _, one in ipairs(ids) do
+    if not orphaned(one) then table.insert(orphans, one) end
+  end
+end
+local function cover(run_id, id)
+  if id ~= run_id and redis.call('HGET', h, 'b:' .. id) ~= run_id then
+    redis.call('RPUSH', h .. ':c:' .. run_id, id)
+    redis.call('HSET', h, 'b:' .. id, run_id)
+  end
+  local i = orphaned(id)
+  if i then table.remove(orphans, i) end
+end
+-- The contexts of *ids* (false where unconfirmed), in batches.
+local function contexts_of(ids)
+  local contexts = {}
+  for first = 1, #ids, 500 do
+    local batch = {}
+    for i = first, math.min(first + 499, #ids) do table.insert(batch, ids[i]) end
+    local got = redis.call('HMGET', x, unpack(batch))
+    for i = 1, #batch do table.insert(contexts, got[i]) end
+  end
+  return contexts
+end
+
+local run, nxt, last = hold('run'), hold('next'), hold('last')
+if run and run.u <= now then orphan(run.id); run = nil end
+if nxt and nxt.u <= now then orphan(nxt.id); nxt = nil end
+if last and last.u <= now then last = nil; redis.call('HDEL', h, 'last') end
+
+local function save(longest)
+  put('run', run)
+  put('next', nxt)
+  if #orphans > 0 then redis.call('HSET', h, 'o', cjson.encode(orphans)) else redis.call('HDEL', h, 'o') end
+  if redis.call('HLEN', h) <= 2 and not run and not nxt then  -- only n, k left (no last)
+    redis.call('DEL', h, x)
+    return
+  end
+  local ttl = DAY + (longest or 0)
+  redis.call('PEXPIRE', h, ttl)
+  redis.call('PEXPIRE', x, ttl)
+  for _, one in ipairs({run, nxt}) do
+    if one then redis.call('PEXPIRE', h .. ':c:' .. one.id, ttl) end
+  end
+end
+
+local function start(lease, retries)
+  run = {id = nxt.id, h = holder, u = now + lease, s = nxt.s, r = retries}
+  local all = orphans
+  orphans = {}
+  for _, o in ipairs(all) do
+    if o ~= nxt.id then cover(nxt.id, o) end
+  end
+  nxt = nil
+  return {'run', ''}
+end
+local function waits()
+  if now < nxt.d then return {'wait', '', nxt.d - now} end
+  return {'wait', '', run and (run.u - now) or 0}
+end
+
+if op == 'ask' then
+  local sent, wait, max_wait = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  local lease, retries = tonumber(ARGV[7]), tonumber(ARGV[8])
+  redis.call('HSET', h, 'n', ARGV[9], 'k', ARGV[10])
+  local by = redis.call('HGET', h, 'b:' .. mid)
+  local reply
+  if run and run.id == mid then
+    if run.h == '' or run.h == holder or retries > run.r then
+      run.h, run.u = holder, now + lease
+      if retries > run.r then run.r = retries end
+      reply = {'run', ''}
+    else
+      reply = {'covered', mid}  -- a second delivery of a live run
+    end
+  elseif by then
+    if (run and run.id == by) or (nxt and nxt.id == by) then
+      reply = {'covered', by}
+    else
+      redis.call('HDEL', h, 'b:' .. mid)
+      reply = {'covered', by, 0, 1}  -- by a run that has ended: it ends where it is
+    end
+  elseif nxt and nxt.id == mid then
+    nxt.h, nxt.u, nxt.e = holder, now + lease, nil
+    if now >= nxt.d and not run then reply = start(lease, retries) else reply = waits() end
+  elseif run and sent <= run.s then  -- of the burst running, delivered late
+    cover(run.id, mid)
+    reply = {'covered', run.id}
+  elseif last and sent <= last.s then  -- of a burst that ran
+    reply = {'covered', last.id, 0, 1}
+  elseif nxt and (orphaned(mid) or sent < nxt.s) then  -- delivered again, or older
+    cover(nxt.id, mid)
+    reply = {'covered', nxt.id}
+  else
+    local i = orphaned(mid)
+    if i then table.remove(orphans, i) end
+    local first = nxt and nxt.f or now
+    local due = now + wait
+    if max_wait and first + max_wait < due then due = first + max_wait end
+    if nxt then  -- the burst goes on: the one replaced, and all it covered, are covered
+      local moved = release(nxt.id)
+      table.insert(moved, nxt.id)
+      for _, one in ipairs(moved) do cover(mid, one) end
+    end
+    nxt = {id = mid, h = holder, u = now + lease, s = sent, f = first, d = due}
+    if now >= due and not run then reply = start(lease, retries) else reply = waits() end
+  end
+  local context = ARGV[11] or ''
+  if reply[1] == 'covered' and reply[2] ~= mid and not reply[4] then
+    if #context > MAX_CONTEXT then context = '' end
+    redis.call('HSET', x, mid, context)
+  end
+  save(lease)
+  return reply
+elseif op == 'finish' then
+  if not run or run.id ~= mid or run.h ~= holder then
+    save(0)
+    return {}
+  end
+  local list = h .. ':c:' .. mid
+  local covered = redis.call('LRANGE', list, 0, -1)
+  redis.call('DEL', list)
+  local found = contexts_of(covered)
+  local contexts = {}
+  for i, one in ipairs(covered) do
+    if found[i] then  -- confirmed: it ends with the run; unconfirmed: remembered
+      redis.call('HDEL', h, 'b:' .. one)
+      redis.call('HDEL', x, one)
+      table.insert(contexts, found[i])
+    else
+      table.insert(contexts, '')
+    end
+  end
+  redis.call('HSET', h, 'last', cjson.encode({id = run.id, s = run.s, u = now + DAY}))
+  run = nil
+  save(0)
+  local due = nxt and nxt.d <= now
+  return {due and 1 or 0, (due and nxt.e) or '', covered, contexts}
+elseif op == 'aside' then
+  if not run or run.id ~= mid or run.h ~= holder then
+    save(0)
+    return 0
+  end
+  run.h, run.u = '', now + tonumber(ARGV[4])
+  save(tonumber(ARGV[4]))
+  return 1
+elseif op == 'parked' then
+  if not nxt or nxt.id ~= mid or nxt.h ~= holder then
+    save(0)
+    return 0
+  end
+  nxt.h, nxt.u, nxt.e = '', now + tonumber(ARGV[4]), ARGV[5]
+  save(tonumber(ARGV[4]))
+  return 1
+elseif op == 'dropped' then
+  local which = nil
+  if nxt and nxt.id == mid then which = 'next'
+  elseif run and run.id == mid and run.h == '' then which = 'run' end
+  if not which then
+    local by = redis.call('HGET', h, 'b:' .. mid)
+    if by and not (run and run.id == by) and not (nxt and nxt.id == by) then
+      redis.call('HDEL', h, 'b:' .. mid)  -- covered by a run that ended: delivered no more
+    end
+    save(0)
+    return {}
+  end
+  local ids = release(mid)
+  local found = contexts_of(ids)
+  local confirmed, contexts = {}, {}
+  for i, one in ipairs(ids) do
+    if found[i] then
+      table.insert(confirmed, one)
+      table.insert(contexts, found[i])
+      redis.call('HDEL', x, one)
+    end
+  end
+  if which == 'next' then nxt = nil else run = nil end
+  save(0)
+  return {1, confirmed, contexts}
+elseif op == 'forget' then
+  if nxt and nxt.id == mid and nxt.h == holder then nxt.h = '' end
+  save(0)
+  return 1
+elseif op == 'renew' then
+  local lease = tonumber(ARGV[4])
+  local lost = {}
+  for i = 5, #ARGV do
+    local one = nil
+    if run and run.id == ARGV[i] then one = run elseif nxt and nxt.id == ARGV[i] then one = nxt end
+    if one and one.h == holder then one.u = now + lease else table.insert(lost, ARGV[i]) end
+  end
+  save(lease)
+  return lost
+end
+return redis.error_reply('debounce: unknown operation ' .. tostring(op))

@@ -1,0 +1,99 @@
+"""The debounce script (``scripts/debounce.lua``) keeps the rules of the pure table: the
+scenarios of ``tests/unit/test_debounce_table.py``, on a real Redis and on the 3-master
+Redis Cluster, with the server's clock. No worker and no broker here."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from celery_extras.admission.notices import parse_notice
+from celery_extras.debounce.redis_holds import RedisDebounce
+from tests.unit.test_debounce_table import KEY, SCENARIOS, WAIT, Harness
+
+
+@pytest.fixture
+def holds(client: Any) -> Iterator[RedisDebounce]:
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    yield RedisDebounce(client, prefix)
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+
+
+def _harness(holds: RedisDebounce, client: Any) -> Harness:
+    def now() -> float:
+        seconds, micros = client.time()
+        return float(seconds) + micros // 1000 / 1000  # the scripts' ms
+
+    return Harness(holds, now, time.sleep)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
+def test_the_script_keeps_the_rules(
+    scenario: Callable[[Harness], None], holds: RedisDebounce, client: Any
+) -> None:
+    scenario(_harness(holds, client))
+    left = {k: client.hgetall(k) for k in client.scan_iter(f"{holds.prefix}:*")}
+    assert all(set(fields) <= {"n", "k", "last"} for fields in left.values()), left
+    assert all(":c:" not in k and not k.endswith(":x") for k in left)  # nothing covered
+
+
+def test_a_run_ending_with_a_next_message_due_publishes_its_key(
+    holds: RedisDebounce, client: Any
+) -> None:
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(holds.channel)
+    try:
+        h = _harness(holds, client)
+        assert h.ask("r", "A", wait=0.01).kind == "wait"
+        time.sleep(0.02)
+        assert h.ask("r", "A", wait=0.01).kind == "run"
+        assert h.ask("n", "B", wait=0.01).kind == "wait"
+        time.sleep(0.02)
+        assert holds.finish(KEY, "r", "A") is not None
+        deadline = time.monotonic() + 5.0
+        message = None
+        while message is None and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=0.5)
+        assert message is not None and parse_notice(message["data"]) == KEY
+        assert h.ask("n", "B", wait=0.01).kind == "run"
+        assert h.finish("n", "B") == []
+    finally:
+        pubsub.close()
+
+
+def test_a_waiting_key_lives_a_day_past_its_longest_hold(holds: RedisDebounce, client: Any) -> None:
+    h = _harness(holds, client)
+    assert h.ask("m0", "A").kind == "wait"
+    assert h.ask("m1", "A").kind == "wait"
+    name = holds.hash_key(*KEY)
+    assert set(client.hgetall(name)) == {"n", "k", "next", "b:m0"}
+    assert 86_400_000 < client.pttl(name) <= 86_430_000  # a day + the 30 s lease
+    assert client.lrange(f"{name}:c:m1", 0, -1) == ["m0"]
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"\xff not json", b"[1, 2]", b'{"id": 5, "u": "x"}', b'"text"', b"{}", b"null"],
+)
+def test_garbage_in_a_key_reads_as_absent_and_heals(
+    holds: RedisDebounce, client: Any, garbage: bytes
+) -> None:
+    """Whatever sits in a key's fields (a foreign write, a damaged restore), the script
+    answers, and the key works again from its next write."""
+    h = _harness(holds, client)
+    name = holds.hash_key(*KEY)
+    for field in ("run", "next", "o"):
+        client.hset(name, field, garbage)
+    assert h.ask("m0", "A").kind == "wait"
+    assert h.ask("m1", "B").kind == "wait"
+    time.sleep(WAIT + 0.01)
+    assert h.ask("m1", "B").kind == "run"
+    assert h.finish("m1", "B") == ["m0"]
+    assert h.ask("m0", "A").ended
+    assert set(client.hgetall(name)) == {"n", "k", "last"}
+    assert 86_000_000 < client.pttl(name) <= 86_430_000  # the last run: a day (+ a lease)
