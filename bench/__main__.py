@@ -1,8 +1,10 @@
-"""``python -m bench [NAME ...]``: run the benchmarks, print one table, write docs/benchmarks.md.
+"""``python -m bench [NAME ...] [--OPTION ...]``: run the benchmarks, print one table, write
+docs/benchmarks.md (only when every benchmark runs, with its defaults).
 
 Each module in :data:`BENCHES` has ``measure() -> list[Row]``; it starts its own
 real workers (plain Celery and celery-extras) against local Redis/RabbitMQ and
-stops them before it returns.
+stops them before it returns. Options after the names go to the one benchmark named,
+whose ``measure`` then takes them (``python -m bench forks --starts 40``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ BENCHES: tuple[str, ...] = (
     "policies",
     "concurrency",
     "coalesce",
+    "batch",
     "delay",
     "delay_scale",
     "herd",
@@ -27,6 +30,7 @@ BENCHES: tuple[str, ...] = (
     "consumer",
     "store",
     "testing",
+    "forks",
 )
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
@@ -48,13 +52,18 @@ instructions celery-extras adds.
 
 
 def main(argv: list[str]) -> int:
-    chosen = argv or [name.rsplit(".", 1)[-1] for name in BENCHES]
+    first_option = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
+    names, options = argv[:first_option], argv[first_option:]
+    if options and len(names) != 1:
+        print("options go to one benchmark: python -m bench NAME --OPTION ...", file=sys.stderr)
+        return 2
+    chosen = names or [name.rsplit(".", 1)[-1] for name in BENCHES]
     rows: list[Row] = []
     started = time.monotonic()
     for name in chosen:
         module = importlib.import_module(f"bench.{name}")
         print(f"running {name} ...", flush=True)
-        rows.extend(module.measure())
+        rows.extend(module.measure(options) if options else module.measure())
     print(render(rows))
     print(f"({time.monotonic() - started:.0f} s)")
     if not argv:

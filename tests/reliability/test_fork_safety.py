@@ -1,0 +1,52 @@
+"""Fork safety (DESIGN.md, "Never freezes"; issue #33): a pool process forked while the
+threads celery-extras starts are at work inherits no lock they held.
+
+The short version of ``python -m bench forks`` (see bench/forks.py), on celery-extras
+only: 5 worker starts with the mover and the sync threads busy, each probed until both
+pool processes have run tasks, and 200 tasks on a ``--max-tasks-per-child=1`` worker (a
+fork per task) while 200 parked ETA tasks are released and revokes are sent. No pool
+process may hang, every worker must stop on SIGTERM, and none of their processes be left.
+The workers start without the Flower plug-in of the ``dev`` extra (``bench/launch.py``):
+it loads the ``idna`` codec first, and the mover's first connection then takes no import
+lock while the pool forks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from bench import forks
+
+
+def test_the_probe_sees_a_pool_process_that_never_runs_its_tasks(tmp_path: Path) -> None:
+    """The bench's own check: a pool process stopped (SIGSTOP) as a hung one would be is
+    found, so the tests below can fail."""
+    with forks.Bench(False, tmp_path) as bench:
+        worker = bench.start("probed")
+        worker.wait_ready(60)
+        children = bench.pool_processes(worker)
+        assert children is not None and len(children) == 2, children
+        os.kill(children[0], signal.SIGSTOP)
+        try:
+            assert forks.probe(bench, worker, deadline=5.0) == (2, 1, 1)
+        finally:
+            os.kill(children[0], signal.SIGCONT)
+
+
+@pytest.mark.scenario
+def test_worker_starts_leave_no_pool_process_hung(tmp_path: Path) -> None:
+    (starts,) = forks.start_runs(5, (False,), logs=tmp_path, verbose=False)
+    bad = [s for s in starts.runs if s.hung or s.ready is None or not s.clean_stop or s.left]
+    assert not bad, "\n".join(map(repr, bad))
+    assert all(s.processes == s.answered == 2 for s in starts.runs), starts.runs
+
+
+@pytest.mark.scenario
+def test_max_tasks_per_child_forks_hang_no_pool_process(tmp_path: Path) -> None:
+    churn = forks.mtpc_run(False, 200, 200, logs=tmp_path, verbose=False)
+    assert (churn.done, churn.hung, churn.backlog_ran) == (200, 0, 200), churn
+    assert churn.clean_stop and churn.left == 0, churn
