@@ -154,11 +154,14 @@ class Parker:
     def store(self) -> DelayStore:
         if self._store is None:
             settings = settings_of(self.app)
+            replicas = park_replicas(self.app)
+            # a park that waits for replicas (WAIT, up to extras_delay_park_wait) goes through
+            # the client with the longer timeouts: the loop's would end the wait as an outage
             self._store = RedisDelayStore(
-                redis_client(self.app, self.background),
+                redis_client(self.app, self.background or replicas > 0),
                 store_key(self.app),
                 self.tombstone_ttl,
-                replicas=park_replicas(self.app),
+                replicas=replicas,
                 replica_wait=float(settings.get("delay_park_wait", 1.0)),
                 shards=delay_shards(self.app),
             )
