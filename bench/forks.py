@@ -24,14 +24,17 @@ plain Celery (the same app without ``celery_extras.install``) side by side:
 
 Workers start with :mod:`bench.launch` (``celery`` without the Flower plug-in the ``dev``
 extra installs: it imports the ``idna`` codec at start, which hides the import lock of
-issue #33); ``--plugins`` starts them with ``celery`` itself.
+issue #33); ``--plugins`` starts them with ``celery`` itself. That lock is held for a
+millisecond or two, next to the pool's first fork: ``--slow-import SECONDS`` holds it
+longer (the import itself slowed, see bench/launch.py), so that a fork inside it is certain
+where the code lets one happen.
 
 The logs of hung workers and of stops that needed SIGKILL are kept (``--logs``), with the
 stacks of the frozen worker's threads (Celery's SIGUSR1 dump) and, when ``py-spy`` is on
 the PATH or named by ``BENCH_PY_SPY``, of each of its processes.
 
 ``python -m bench forks [--starts N] [--tasks M] [--backlog B] [--only starts|mtpc]
-[--variants plain,extras] [--quick] [--plugins] [--logs DIR]``; under any virtual
+[--variants plain,extras] [--quick] [--plugins] [--slow-import S] [--logs DIR]``; under any virtual
 environment's Python (``.venv-celery56/bin/python -m bench forks``). ``--quick`` is
 ``--starts 5 --tasks 200 --backlog 200`` (what ``tests/reliability/test_fork_safety.py``
 runs).
@@ -212,7 +215,9 @@ class Bench:
     """One namespace (plain Celery or celery-extras): its app, its workers (one at a time),
     and on exit every worker stopped and every key of the namespace deleted."""
 
-    def __init__(self, plain: bool, logs: Path | None = None, plugins: bool = False) -> None:
+    def __init__(
+        self, plain: bool, logs: Path | None = None, plugins: bool = False, slow: float = 0.0
+    ) -> None:
         self.plain = plain
         self.plugins = plugins  # False: workers start with bench.launch (no Flower plug-in)
         self.label = "plain" if plain else "extras"
@@ -221,6 +226,9 @@ class Bench:
         self.conf = {} if plain else dict(EXTRAS_CONF)
         self.app = proj.make_app(self.broker, self.ns, self.conf, INCLUDE, plain)
         self.env = proj.worker_env(self.broker, self.ns, self.conf, INCLUDE, plain)
+        if slow:
+            assert not plugins, "the import is slowed by bench.launch"
+            self.env["BENCH_SLOW_IMPORT"] = str(slow)
         self.journal = Journal(self.ns)
         self.tmp = Path(tempfile.mkdtemp(prefix=f"bench-forks-{self.label}-"))
         self.logs = logs  # the logs of hung workers and of stops that needed SIGKILL
@@ -232,7 +240,7 @@ class Bench:
                                     args=args)  # fmt: skip
         if not self.plugins:
             assert self.worker.argv[1:3] == ["-m", "celery"], self.worker.argv
-            self.worker.argv[1:3] = ["-m", "bench.launch"]
+            self.worker.argv[1:3] = ["-m", "bench.launch", "celery"]
         return self.worker.start(wait=False)
 
     def keep_log(self, worker: WorkerProcess, why: str) -> str:
@@ -449,12 +457,13 @@ def start_runs(
     deadline: float = DEADLINE,
     parked: int = PARKED,
     plugins: bool = False,
+    slow: float = 0.0,
     verbose: bool = True,
 ) -> list[Starts]:
     """*n* starts of each variant (``True``: plain Celery), interleaved start by start."""
     out = [Starts("plain" if plain else "extras") for plain in variants]
     with ExitStack() as stack:
-        benches = [stack.enter_context(Bench(plain, logs, plugins)) for plain in variants]
+        benches = [stack.enter_context(Bench(plain, logs, plugins, slow)) for plain in variants]
         for bench in benches:  # a first round parks what the first counted start releases
             bench.park_ahead(parked, 4.0, 14.0)
         for k in range(n):
@@ -501,11 +510,12 @@ def mtpc_run(
     logs: Path | None = None,
     stall: float = STALL,
     plugins: bool = False,
+    slow: float = 0.0,
     verbose: bool = True,
 ) -> Churn:
     """*tasks* tasks on a ``--max-tasks-per-child=1`` worker while *backlog* ETA tasks are
     released and revokes are sent."""
-    with Bench(plain, logs, plugins) as bench:
+    with Bench(plain, logs, plugins, slow) as bench:
         worker = bench.start("mtpc", ("--max-tasks-per-child=1",))
         try:
             worker.wait_ready(timeout=60)
@@ -605,10 +615,13 @@ def mtpc_rows(results: Sequence[Churn]) -> list[Row]:
     def both(attr: str) -> str:
         return " / ".join("-" if r is None else str(getattr(r, attr)) for r in (plain, extras))
 
+    stops = " / ".join("-" if r is None else "yes" if r.clean_stop else "no (SIGKILL)"
+                       for r in (plain, extras))  # fmt: skip
+
     note = (f"prefork -c 2, Redis, {b:,} ETA tasks released during the run, revokes sent "
             f"every 0.2 s; plain / extras: backlog ran {both('backlog_ran')}, stalled "
             f"{both('stalled')}, WorkerLostError lines {both('lost')}, UP timeouts "
-            f"{both('up_timeouts')}, SIGKILL needed {both('clean_stop')} (clean)")  # fmt: skip
+            f"{both('up_timeouts')}, stopped on SIGTERM {stops}")  # fmt: skip
     return [
         Row(f"--max-tasks-per-child=1, {m:,} tasks: done", "tasks", fig(plain, "done"),
             float(main.done), f"= {m:,}", main.done == m, note=note),
@@ -658,6 +671,14 @@ def _options(argv: Sequence[str]) -> argparse.Namespace:
         "loaded (Flower's imports the idna codec first; default: bench.launch, without)",
     )
     parser.add_argument(
+        "--slow-import",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the worker's first import of encodings.idna takes SECONDS longer, its import "
+        "lock held (bench/launch.py): issue #33's window, widened from a millisecond or two",
+    )
+    parser.add_argument(
         "--logs",
         type=Path,
         default=None,
@@ -688,11 +709,13 @@ def measure(argv: Sequence[str] = ()) -> list[Row]:
     if options.only in (None, "starts"):
         started = time.monotonic()
         results = start_runs(options.starts, variants, logs=logs, deadline=options.deadline,
-                             parked=options.parked, plugins=options.plugins)  # fmt: skip
+                             parked=options.parked, plugins=options.plugins,
+                             slow=options.slow_import)  # fmt: skip
         rows += start_rows(results, options.starts)
         print(f"  starts: {time.monotonic() - started:.0f} s", flush=True)
     if options.only in (None, "mtpc"):
         runs = [mtpc_run(plain, options.tasks, options.backlog, logs=logs,
-                         plugins=options.plugins) for plain in variants]  # fmt: skip
+                         plugins=options.plugins, slow=options.slow_import)
+                for plain in variants]  # fmt: skip
         rows += mtpc_rows(runs)
     return rows

@@ -6,9 +6,12 @@ only: 5 worker starts with the mover and the sync threads busy, each probed unti
 pool processes have run tasks, and 200 tasks on a ``--max-tasks-per-child=1`` worker (a
 fork per task) while 200 parked ETA tasks are released and revokes are sent. No pool
 process may hang, every worker must stop on SIGTERM, and none of their processes be left.
-The workers start without the Flower plug-in of the ``dev`` extra (``bench/launch.py``):
+The workers start without the Flower plug-in of the ``dev`` extra (``bench/launch.py``:
 it loads the ``idna`` codec first, and the mover's first connection then takes no import
-lock while the pool forks.
+lock while the pool forks), and their first import of ``encodings.idna`` is slowed to
+0.3 s (``--slow-import``): before the fix every start hung both pool processes at their
+first connection (``_ModuleLock.acquire`` under ``getaddrinfo``), where the import's own
+millisecond or two beside the pool's first fork hung none of 40 starts on this machine.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from pathlib import Path
 import pytest
 
 from bench import forks
+
+#: s the worker's first import of encodings.idna is slowed by (see the module docstring)
+SLOW = 0.3
 
 
 def test_the_probe_sees_a_pool_process_that_never_runs_its_tasks(tmp_path: Path) -> None:
@@ -39,7 +45,7 @@ def test_the_probe_sees_a_pool_process_that_never_runs_its_tasks(tmp_path: Path)
 
 @pytest.mark.scenario
 def test_worker_starts_leave_no_pool_process_hung(tmp_path: Path) -> None:
-    (starts,) = forks.start_runs(5, (False,), logs=tmp_path, verbose=False)
+    (starts,) = forks.start_runs(5, (False,), logs=tmp_path, slow=SLOW, verbose=False)
     bad = [s for s in starts.runs if s.hung or s.ready is None or not s.clean_stop or s.left]
     assert not bad, "\n".join(map(repr, bad))
     assert all(s.processes == s.answered == 2 for s in starts.runs), starts.runs
@@ -47,6 +53,6 @@ def test_worker_starts_leave_no_pool_process_hung(tmp_path: Path) -> None:
 
 @pytest.mark.scenario
 def test_max_tasks_per_child_forks_hang_no_pool_process(tmp_path: Path) -> None:
-    churn = forks.mtpc_run(False, 200, 200, logs=tmp_path, verbose=False)
+    churn = forks.mtpc_run(False, 200, 200, logs=tmp_path, slow=SLOW, verbose=False)
     assert (churn.done, churn.hung, churn.backlog_ran) == (200, 0, 200), churn
     assert churn.clean_stop and churn.left == 0, churn
