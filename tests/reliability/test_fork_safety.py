@@ -48,8 +48,9 @@ def test_worker_starts_leave_no_pool_process_hung(tmp_path: Path) -> None:
     (starts,) = forks.start_runs(5, (False,), logs=tmp_path, slow=SLOW, verbose=False)
     bad = [s for s in starts.runs if s.hung or s.ready is None or s.left]
     assert not bad, "\n".join(map(repr, bad))
-    # a warm stop slower than the bench's 15 s (billiard joining a pool process on a loaded
-    # machine: 1 start in 5 once, in a full-suite run) is a figure of the bench, not a hang
+    # a warm stop slower than the bench's 15 s is a figure here, not asserted: a known open
+    # problem (issue 33's note: a pool child waits in billiard's _ensure_messages_consumed
+    # for a result the parent never counts, after starts with worker-limited tasks flowing)
     print(f"{sum(s.clean_stop for s in starts.runs)} of {len(starts.runs)} stopped on SIGTERM")
     assert all(s.processes == s.answered == 2 for s in starts.runs), starts.runs
 
