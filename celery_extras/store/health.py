@@ -159,12 +159,6 @@ class StoreHealth:
         self.unreachable_until = 0.0
         self.outage.ok()
 
-    def info(self) -> dict[str, Any]:
-        if not self.outage.down:
-            return {"store": "ok"}
-        return {"store": "down", "store_error": self.outage.reason,
-                "down_for": round(self.clock() - self.outage.since, 1)}  # fmt: skip
-
 
 class StoreUser:
     """One user's view of the store: its own back-off and :class:`OutageLog` (for the errors
