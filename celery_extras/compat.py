@@ -53,6 +53,7 @@ __all__ = [
     "control_purge_queues",
     "drop_acks",
     "forget_held",
+    "keep_written_jobs",
     "limited_set_newest",
     "missing",
     "narrow_prefetch",
@@ -212,6 +213,16 @@ def _pool_has_poller(cls: Any) -> bool:
     return "self._pool = " in inspect.getsource(cls.on_start) and (
         "self.on_poll_start = " in inspect.getsource(AsynPool._create_write_handlers)
     )
+
+
+def _flush_discards_by_job(flush: Any) -> bool:
+    """``AsynPool.flush`` gets rid of unaccepted jobs with ``job.discard()``, and a job
+    knows where it was written (``_write_to``)."""
+    from celery.concurrency.asynpool import AsynPool
+
+    write = inspect.getsource(AsynPool._create_write_handlers)
+    source = inspect.getsource(flush)
+    return "job._write_to = proc" in write and "_accepted" in source and "discard()" in source
 
 
 def _transport_channels(cls: Any) -> bool:
@@ -387,6 +398,12 @@ PRIVATE: tuple[Private, ...] = (
             "TaskPool()._pool.on_poll_start, the prefork pool's writer tick",
             "fair queues: jobs handed on reach idle processes at once",
             fallback="jobs reach the processes at the event loop's next wake-up", probe=True),
+    Private("celery.concurrency.asynpool", "AsynPool.flush", _flush_discards_by_job,
+            "flush() discards a job not _accepted through job.discard(), the jobs in _cache "
+            "keyed by job._job, job._write_to the process it was written to",
+            "pool flush guard: a job written to a process at a stop is waited for",
+            fallback="a job in flight at a stop makes the stop 30 s longer and runs again",
+            probe=True),
     Private("kombu.transport.virtual", "Transport", _transport_channels,
             "Transport().channels, the list of open channels",
             "Redis close guard: acks on a lost connection dropped", probe=True),
@@ -670,6 +687,47 @@ def pool_poll_start(pool: Any) -> Callable[[], None] | None:
     """The prefork pool's writer tick (``on_poll_start``), or ``None`` for other pools."""
     tick = getattr(getattr(pool, "_pool", None), "on_poll_start", None)
     return tick if callable(tick) else None
+
+
+def keep_written_jobs(pool: Any, kept: Callable[[int], None]) -> bool:
+    """Make the prefork pool's ``flush`` keep the jobs already written to a live process.
+
+    ``flush`` (``Consumer.on_close``: the connection lost, or the worker stopping)
+    discards every job its process has not yet acknowledged receiving, from Celery 5.6
+    on; a job written whole to the process's pipe runs all the same, and its result goes
+    uncounted: the process then waits 30 s at exit for the count
+    (``billiard.pool.Worker._ensure_messages_consumed``) and the pool's join with it, and
+    the message, never acked, runs again. Kept, the job's acceptance and result are read as
+    any other's. *kept* hears how many a flush kept. ``False`` for a pool with no such
+    ``flush`` (not prefork, or one that negotiates with ``synack``)."""
+    asyn = getattr(pool, "_pool", None)
+    flush, cache = getattr(pool, "flush", None), getattr(asyn, "_cache", None)
+    if not callable(flush) or not isinstance(cache, dict) or getattr(asyn, "synack", True):
+        return False
+
+    def written(job: Any) -> bool:
+        process = getattr(job, "_write_to", None)
+        return process is not None and not getattr(job, "_accepted", True) and process._is_alive()
+
+    def guarded() -> None:
+        jobs = {key: job for key, job in cache.items() if written(job)}
+        for job in jobs.values():
+            job.discard = _not_discarded  # shadows ApplyResult.discard for this flush
+        try:
+            flush()
+        finally:
+            for key, job in jobs.items():
+                del job.discard
+                cache.setdefault(key, job)
+        if jobs:
+            kept(len(jobs))
+
+    pool.flush = guarded
+    return True
+
+
+def _not_discarded() -> None:
+    """A written job's ``discard`` during a flush: it stays in the pool's cache."""
 
 
 def transport_channels(transport: Any) -> list[Any]:

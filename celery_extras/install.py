@@ -35,7 +35,7 @@ from .settings import (
 from .stats.capability import STATS
 from .store.client import StoreStep
 from .sync.capability import SYNC
-from .workarounds import RedisCloseGuard
+from .workarounds import PoolFlushGuard, RedisCloseGuard
 
 __all__ = [
     "CAPABILITIES",
@@ -146,6 +146,7 @@ def install(app: Celery, **options: Any) -> Celery:
     _installed.add(app)
 
     app.steps["worker"].add(ExtrasStep)
+    app.steps["worker"].add(PoolFlushGuard)
     app.steps["consumer"].add(RedisCloseGuard)
     app.steps["consumer"].add(StoreStep)
     for capability in CAPABILITIES:

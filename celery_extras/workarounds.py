@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
+from celery.worker.components import Pool
 from celery.worker.consumer.connection import Connection
 
-from .compat import drop_acks, replace_connection_close, transport_channels
+from .compat import drop_acks, keep_written_jobs, replace_connection_close, transport_channels
 
-__all__ = ["RedisCloseGuard"]
+__all__ = ["PoolFlushGuard", "RedisCloseGuard"]
 
 logger = logging.getLogger(__name__)
 #: kombu's virtual transport logs a message delivered after its consumer was cancelled.
@@ -50,6 +51,33 @@ class RedisCloseGuard(bootsteps.StartStopStep):
         transport = connection.transport  # collect() drops it before release() runs
         replace_connection_close(connection, lambda close, clean: _guarded(close, transport,
                                                                              clean))  # fmt: skip
+
+
+class PoolFlushGuard(bootsteps.StartStopStep):
+    """Keeps a warm stop from waiting 30 s, and its last task from running twice.
+
+    From Celery 5.6 on, the prefork pool's ``flush`` (run when the consumer closes: a stop,
+    or a lost connection) discards every job whose process has not yet acknowledged
+    receiving it, including a job already written whole to the process's pipe in the
+    event loop's last turn. The process runs that job anyway, and its result goes
+    uncounted: at exit it waits 30 s for the pool to count it, the stop with it (past many
+    service managers' grace period, which then SIGKILL the worker), and the message,
+    never acked, runs again. Plain Celery does it too, in a race of a millisecond; a
+    worker that receives tasks all the time (the delay store's releases) meets it in one
+    stop of ten. This step keeps written jobs through the flush: the pool reads their
+    acceptance and result as any other's.
+    """
+
+    label = "extras-pool-flush-guard"
+    requires = (Pool,)
+
+    def start(self, w: Any) -> None:
+        keep_written_jobs(w.pool, _kept)
+
+
+def _kept(count: int) -> None:
+    logger.info("celery-extras: the pool keeps %d job(s) already sent to its processes "
+                "(their results are waited for)", count)  # fmt: skip
 
 
 class _Restored(logging.Filter):

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from amqp.exceptions import ChannelError
 
 # imported here too: the producer stamps the send time on coalesced tasks' messages
 import tests.support.tasks_coalesce  # noqa: F401
@@ -90,3 +91,51 @@ def test_warm_shutdown_with_every_capability_in_use_logs_no_warning(
     alarms = [line for line in stop_log.splitlines() if ALARM.search(line)]
     assert not alarms, "a clean stop logged:\n" + "\n".join(alarms)
     assert worker.proc.returncode == 0, (worker.proc.returncode, stop_log[-3000:])
+
+
+def queued(cluster: Cluster) -> int:
+    """Messages ready in the test's queue (a stopped worker's unacked ones are back in it)."""
+    with cluster.app.connection_for_write() as connection:
+        queue = cluster.app.amqp.queues[cluster.ns](connection.default_channel)
+        try:
+            return int(queue.queue_declare(passive=True).message_count)
+        except ChannelError:  # Redis: an empty queue is no key at all
+            if connection.transport.driver_type != "redis":
+                raise
+            return 0
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
+def test_a_task_sent_to_a_pool_process_at_the_stop_runs_once_and_the_stop_waits_for_it_alone(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """A job written whole to a pool process that has not yet said it took it (here the
+    process is paused; in a worker that receives tasks all the time, the event loop's last
+    turn) when the stop begins: Celery 5.6 and 5.7 drop it from the pool's books, the
+    process runs it anyway, and then waits 30 s at exit for its result to be counted, the
+    stop with it, and the message, never acked, is back in the queue to run again. With
+    celery-extras the stop waits for that task only, and its message is acked."""
+    cluster.configure(include=("tests.support.tasks",))
+    worker = cluster.worker("w1", concurrency=1, pool="prefork")
+    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=10).stats()
+    (child,) = stats[worker.hostname]["pool"]["processes"]
+    os.kill(child, signal.SIGSTOP)
+    try:
+        result = send("tests.sleep", 0.1, "in flight")
+        wait_for(lambda: "received" in worker.log(), timeout=30, what="the task received")
+        os.kill(worker.pid, signal.SIGTERM)
+        wait_for(lambda: "keeps 1 job(s)" in worker.log(), timeout=30,
+                 what="the pool keeping the job written to its process")  # fmt: skip
+    finally:
+        os.kill(child, signal.SIGCONT)
+    assert worker.proc is not None
+    started = time.monotonic()
+    try:
+        worker.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"no exit 20 s after the stop:\n{worker.log()[-3000:]}")
+    assert time.monotonic() - started < 15, "the stop waited for a result it had dropped"
+    assert worker.proc.returncode == 0, worker.log()[-3000:]
+    assert result.get(timeout=10) == "in flight"
+    assert [e["tag"] for e in journal.entries()] == ["in flight"]
+    assert queued(cluster) == 0, "the message of the task that ran is back in the queue"
