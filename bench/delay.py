@@ -36,7 +36,7 @@ from celery import Task, shared_task
 from celery_extras import limit
 from celery_extras.delay.entry import Entry
 from celery_extras.delay.redis_store import RedisDelayStore, delay_keys
-from celery_extras.delay.store import Take
+from celery_extras.delay.store import TakeStatus
 from tests.support.brokers import REDIS_URL
 from tests.support.journal import Journal
 
@@ -113,7 +113,9 @@ def cost_per_task(n: int = 2000, batch: int = 100) -> tuple[float, float]:
         for claim in claims:
             store.release(claim.entry_id, claim.token, 600.0)
             entry_ = Entry.loads(claim.raw)
-            assert store.take(claim.entry_id, entry_.task_id, claim.token).status is Take.TAKEN
+            assert (
+                store.take(claim.entry_id, entry_.task_id, claim.token).status is TakeStatus.TAKEN
+            )
         trips += 2 * n
         elapsed = time.perf_counter() - started
     finally:

@@ -23,7 +23,7 @@ from celery import Task, shared_task
 from kombu.utils.limits import TokenBucket as KombuBucket
 
 from celery_extras import limit
-from celery_extras.limits.redis_bucket import GlobalTokenBucket, Take
+from celery_extras.limits.redis_bucket import GlobalTokenBucket, LimitTake
 from celery_extras.limits.spec import limit_id
 from celery_extras.limits.token_bucket import TokenBucket
 from tests.support import proj
@@ -91,7 +91,7 @@ def global_acquire_ms(calls: int = 3000, limits: int = 1) -> float:
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     bucket = GlobalTokenBucket(client, prefix)
-    takes = [Take(limit_id("bench", i), "k" if i else "", 1e6, 10**6, 1, narrow=bool(i))
+    takes = [LimitTake(limit_id("bench", i), "k" if i else "", 1e6, 10**6, 1, narrow=bool(i))
              for i in range(limits)]  # fmt: skip
     for _ in range(50):
         bucket.acquire("bench", takes, tagged=limits > 1)

@@ -53,12 +53,12 @@ from ..delay.gate import DELAY_ATTR
 from ..signals import task_coalesced
 from ..store.client import store_user
 from .holds import Holds
-from .runs import Holding, RunHolds
+from .runs import CoalesceHolding, RunHolds
 from .sent import sent_at
 from .spec import CoalesceSpec
-from .table import Finished, Verdict
+from .table import CoalesceFinished, CoalesceVerdict
 
-__all__ = ["ASK_AGAIN", "CONTEXT_NOTE", "CoalesceGate", "Holding"]
+__all__ = ["ASK_AGAIN", "CONTEXT_NOTE", "CoalesceGate", "CoalesceHolding"]
 
 logger = logging.getLogger("celery_extras.coalesce")
 
@@ -81,7 +81,7 @@ def _known(ticket: Ticket) -> Outcome:
     return Outcome(states.SUCCESS, None, None, run_id)
 
 
-def covered_messages(done: Finished) -> list[CoveredMessage]:
+def covered_messages(done: CoalesceFinished) -> list[CoveredMessage]:
     """The messages a finished (or dropped) run covered, each with its stored context."""
     return [CoveredMessage(one, decode_context(done.contexts.get(one), one))
             for one in done.covered]  # fmt: skip
@@ -124,7 +124,7 @@ class CoalesceGate(Gate):
         self.holds = Holds(app, self.health, wall)
         self.worker = uuid.uuid4().hex[:16]
         self.runs = RunHolds(self.holds)
-        self.waiting: dict[Bucket, list[tuple[Ticket, Holding]]] = {}
+        self.waiting: dict[Bucket, list[tuple[Ticket, CoalesceHolding]]] = {}
         self.endings = CoveredEndings(app)
         #: covered messages ending here before their ack (covered by a run that ended)
         self.ending: dict[int, Ticket] = {}
@@ -156,7 +156,7 @@ class CoalesceGate(Gate):
         spec = self.specs[ticket.name]
         request = ticket.request
         bucket = (ticket.name, call_key(ticket.name, spec.key, request, "coalesce", "key", logger))
-        holding = Holding(bucket, f"{self.worker}:{uuid.uuid4().hex[:12]}", spec.lease,
+        holding = CoalesceHolding(bucket, f"{self.worker}:{uuid.uuid4().hex[:12]}", spec.lease,
                           self.clock())  # fmt: skip
         verdict = self._ask(ticket, holding)
         if verdict is None:
@@ -166,7 +166,7 @@ class CoalesceGate(Gate):
             return Hold(self.store_retry)
         return self._answer(ticket, holding, verdict, queued=False)
 
-    def _ask(self, ticket: Ticket, holding: Holding) -> Verdict | None:
+    def _ask(self, ticket: Ticket, holding: CoalesceHolding) -> CoalesceVerdict | None:
         """The holds' verdict on *ticket*, or ``None`` when the store cannot answer."""
         spec = self.specs[ticket.name]
         request = ticket.request
@@ -181,7 +181,9 @@ class CoalesceGate(Gate):
         return self.holds.ask(holding.bucket, request.id, sent, holding.holder, spec.lease,
                               spec.keep, retries, context)  # fmt: skip
 
-    def _answer(self, ticket: Ticket, holding: Holding, verdict: Verdict, queued: bool) -> Answer:
+    def _answer(
+        self, ticket: Ticket, holding: CoalesceHolding, verdict: CoalesceVerdict, queued: bool
+    ) -> Answer:
         if verdict.kind == "run":
             self.counts["runs"] += 1
             self.runs.add(ticket, holding)
@@ -239,7 +241,7 @@ class CoalesceGate(Gate):
 
         self.endings.schedule(self._consumer, ticket.name, by, [message], done=ended)
 
-    def _end_covered(self, name: str, by: str, done: Finished, known: Outcome) -> None:
+    def _end_covered(self, name: str, by: str, done: CoalesceFinished, known: Outcome) -> None:
         """End the messages run *by* covered with its outcome (stored, else *known*)."""
         self.endings.schedule(self._consumer, name, by, covered_messages(done), known=known)
 
@@ -252,7 +254,7 @@ class CoalesceGate(Gate):
         if ticket.retry_in is not None:
             self.runs.step_aside(ticket, holding, ticket.retry_in)
             return
-        done: Finished | None = self.holds.finish(holding.bucket, ticket.request.id,
+        done: CoalesceFinished | None = self.holds.finish(holding.bucket, ticket.request.id,
                                            holding.holder)  # fmt: skip
         if done is None:
             return
@@ -290,7 +292,7 @@ class CoalesceGate(Gate):
             return
         spec = self.specs[name]
         bucket = (name, call_key(name, spec.key, request, "coalesce", "key", logger))
-        dropped: Finished | None = self.holds.drop(bucket, task_id)
+        dropped: CoalesceFinished | None = self.holds.drop(bucket, task_id)
         if dropped is not None:
             revoked = Outcome(states.REVOKED, TaskRevokedError("revoked"), None, task_id)
             self._end_covered(name, task_id, dropped, revoked)

@@ -20,7 +20,7 @@ from ..store.client import redis_client, store_key, store_safety, store_url
 from ..store.health import StoreUser
 from ..store.safety import COALESCING
 from .redis_holds import RedisHolds
-from .table import CoalesceTable, Finished, Verdict
+from .table import CoalesceFinished, CoalesceTable, CoalesceVerdict
 
 __all__ = ["CoalesceHolds", "Holds"]
 
@@ -35,9 +35,9 @@ class CoalesceHolds(Protocol):
     :class:`~.table.CoalesceTable` (see the table for what each answers)."""
 
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
-            keep: str, retries: int, context: str = "") -> Verdict: ...  # fmt: skip
+            keep: str, retries: int, context: str = "") -> CoalesceVerdict: ...  # fmt: skip
 
-    def finish(self, bucket: Bucket, mid: str, holder: str) -> Finished | None: ...
+    def finish(self, bucket: Bucket, mid: str, holder: str) -> CoalesceFinished | None: ...
 
     def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
                    lease: float) -> bool: ...  # fmt: skip
@@ -45,7 +45,7 @@ class CoalesceHolds(Protocol):
     def park_wait(self, bucket: Bucket, mid: str, holder: str, entry: str, seconds: float,
                   lease: float) -> bool: ...  # fmt: skip
 
-    def drop(self, bucket: Bucket, mid: str) -> Finished | None: ...
+    def drop(self, bucket: Bucket, mid: str) -> CoalesceFinished | None: ...
 
     def forget(self, bucket: Bucket, mid: str, holder: str) -> None: ...
 
@@ -72,14 +72,14 @@ class Holds:
         return self._store
 
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
-            keep: str, retries: int, context: str = "") -> Verdict | None:  # fmt: skip
+            keep: str, retries: int, context: str = "") -> CoalesceVerdict | None:  # fmt: skip
         """The holds' verdict; ``None`` when the store cannot (or must not) answer."""
         if self.shared and self.safety.evicts(COALESCING):
             return None
         return self._call(lambda h: h.ask(bucket, mid, sent, holder, lease, keep, retries,
                                           context))  # fmt: skip
 
-    def finish(self, bucket: Bucket, mid: str, holder: str) -> Finished | None:
+    def finish(self, bucket: Bucket, mid: str, holder: str) -> CoalesceFinished | None:
         return self._call(lambda h: h.finish(bucket, mid, holder))
 
     def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
@@ -90,7 +90,7 @@ class Holds:
                   lease: float) -> bool | None:  # fmt: skip
         return self._call(lambda h: h.park_wait(bucket, mid, holder, entry, seconds, lease))
 
-    def drop(self, bucket: Bucket, mid: str) -> Finished | None:
+    def drop(self, bucket: Bucket, mid: str) -> CoalesceFinished | None:
         return self._call(lambda h: h.drop(bucket, mid))
 
     def forget(self, bucket: Bucket, mid: str, holder: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from ..admission.notices import Bucket, notice
 from ..scripts import NOW, load, register
-from .table import Finished, Verdict
+from .table import CoalesceFinished, CoalesceVerdict
 
 __all__ = ["SCRIPT", "RedisHolds"]
 
@@ -52,16 +52,16 @@ class RedisHolds:
         return self._script(keys=[self.hash_key(*bucket)], args=list(args))
 
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
-            keep: str, retries: int, context: str = "") -> Verdict:  # fmt: skip
+            keep: str, retries: int, context: str = "") -> CoalesceVerdict:  # fmt: skip
         """What message *mid* (sent at *sent*, epoch seconds) does, keeping its ending
         *context* when covered (see :meth:`.table.ask`)."""
         reply = self._call(bucket, "ask", mid, holder, int(sent * 1000), _ms(lease), keep,
                            retries, *bucket, context)  # fmt: skip
         due = int(reply[2]) / 1000 if len(reply) > 2 else 0.0
         ended = len(reply) > 3 and int(reply[3]) == 1
-        return Verdict(cast("Any", _text(reply[0])), _text(reply[1]), due, ended)
+        return CoalesceVerdict(cast("Any", _text(reply[0])), _text(reply[1]), due, ended)
 
-    def finish(self, bucket: Bucket, mid: str, holder: str) -> Finished | None:
+    def finish(self, bucket: Bucket, mid: str, holder: str) -> CoalesceFinished | None:
         """Run *mid* ended: what it covered (a run waiting is told through the channel), or
         ``None`` when it was no longer the key's run."""
         reply = self._call(bucket, "finish", mid, holder)
@@ -70,7 +70,7 @@ class RedisHolds:
         if int(reply[0]):
             self.client.publish(self.channel, notice(*bucket))
         covered, contexts = _covered(reply[2:])
-        return Finished(covered, _text(reply[1]), contexts)
+        return CoalesceFinished(covered, _text(reply[1]), contexts)
 
     def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
                    lease: float) -> bool:  # fmt: skip
@@ -82,13 +82,13 @@ class RedisHolds:
         """The waiting run *mid* was parked as *entry*, due in *seconds* (see the table's)."""
         return bool(self._call(bucket, "parked", mid, holder, _ms(seconds + lease), entry))
 
-    def drop(self, bucket: Bucket, mid: str) -> Finished | None:
+    def drop(self, bucket: Bucket, mid: str) -> CoalesceFinished | None:
         """Celery discarded *mid* before it ran (see the table's): what it covered."""
         reply = self._call(bucket, "dropped", mid, "")
         if not reply:
             return None
         covered, contexts = _covered(reply[1:])
-        return Finished(covered, "", contexts)
+        return CoalesceFinished(covered, "", contexts)
 
     def forget(self, bucket: Bucket, mid: str, holder: str) -> None:
         """The waiting run *mid* was dropped by *holder* (the broker delivers it again)."""

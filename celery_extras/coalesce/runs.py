@@ -12,13 +12,13 @@ from ..admission.gate import Ticket
 from ..admission.notices import Bucket
 from .holds import Holds
 
-__all__ = ["Holding", "RunHolds"]
+__all__ = ["CoalesceHolding", "RunHolds"]
 
 logger = logging.getLogger("celery_extras.coalesce")
 
 
 @dataclass
-class Holding:
+class CoalesceHolding:
     """A hold of this worker: the run (or waiting run) of *bucket* under *holder*."""
 
     bucket: Bucket
@@ -35,7 +35,7 @@ class Holding:
 
 
 def _renewals_due(
-    holdings: Iterable[tuple[Ticket, Holding]], now: float
+    holdings: Iterable[tuple[Ticket, CoalesceHolding]], now: float
 ) -> dict[tuple[Bucket, str, float], list[str]]:
     """The runs whose hold is due for renewal (every third of its lease), by bucket and
     holder; each is marked renewed now."""
@@ -54,17 +54,17 @@ class RunHolds:
 
     def __init__(self, holds: Holds) -> None:
         self.holds = holds
-        self.runs: dict[int, tuple[Ticket, Holding]] = {}
+        self.runs: dict[int, tuple[Ticket, CoalesceHolding]] = {}
         self.lost = 0
 
-    def add(self, ticket: Ticket, holding: Holding) -> None:
+    def add(self, ticket: Ticket, holding: CoalesceHolding) -> None:
         self.runs[id(ticket.request)] = (ticket, holding)
 
-    def pop(self, ticket: Ticket) -> Holding | None:
+    def pop(self, ticket: Ticket) -> CoalesceHolding | None:
         found = self.runs.pop(id(ticket.request), None)
         return found[1] if found is not None else None
 
-    def step_aside(self, ticket: Ticket, holding: Holding, seconds: float) -> None:
+    def step_aside(self, ticket: Ticket, holding: CoalesceHolding, seconds: float) -> None:
         """The run leaves this worker (a retry, parked, a lost connection): its key stays
         held *seconds* more for whoever runs it next."""
         self.holds.step_aside(holding.bucket, ticket.request.id, holding.holder,
@@ -95,5 +95,5 @@ class RunHolds:
                 del self.runs[key]
                 self.step_aside(ticket, holding, 0.0)
 
-    def running(self) -> Iterable[Holding]:
+    def running(self) -> Iterable[CoalesceHolding]:
         return (holding for _, holding in self.runs.values())

@@ -37,7 +37,15 @@ from typing import Literal
 
 from ..clock import wall
 
-__all__ = ["KEEP", "REMEMBER", "CoalesceTable", "Finished", "Hold", "KeyState", "Verdict"]
+__all__ = [
+    "KEEP",
+    "REMEMBER",
+    "CoalesceFinished",
+    "CoalesceHold",
+    "CoalesceKey",
+    "CoalesceTable",
+    "CoalesceVerdict",
+]
 
 #: ``coalesce(keep=...)``: whose arguments the waiting run takes.
 KEEP = ("first", "last")
@@ -47,7 +55,7 @@ REMEMBER = 86400.0
 
 
 @dataclass
-class Hold:
+class CoalesceHold:
     """A run or a waiting run: its message id, its holder and when its lease ends."""
 
     id: str
@@ -62,9 +70,9 @@ class Hold:
 
 
 @dataclass
-class KeyState:
-    run: Hold | None = None
-    wait: Hold | None = None
+class CoalesceKey:
+    run: CoalesceHold | None = None
+    wait: CoalesceHold | None = None
     #: run (or waiting run) id -> the ids it covers
     covered: dict[str, list[str]] = field(default_factory=dict)
     #: covered id -> the id of the run covering it
@@ -72,7 +80,7 @@ class KeyState:
     #: ids covered by a run that died: the next run covers them
     orphans: list[str] = field(default_factory=list)
     #: the last run that ended (its id and cutoff), and until when it is remembered
-    last: Hold | None = None
+    last: CoalesceHold | None = None
     #: covered id -> its ending context (JSON text), until the run covering it ends
     contexts: dict[str, str] = field(default_factory=dict)
 
@@ -81,7 +89,7 @@ class KeyState:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CoalesceVerdict:
     """What a message of a coalesced key does: ``"run"``, ``"wait"`` or ``"covered"``
     (*by*: the id of the covering run). A waiting run learns when the run's lease ends
     (*due*, seconds from now): should its worker die, the key frees then."""
@@ -94,7 +102,7 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class Finished:
+class CoalesceFinished:
     """A run ended (or was dropped): the ids it covered, the delay-store entry of the waiting
     run if it is parked (the finisher makes it due at once), and the ending contexts stored
     with the covered ids (by id; an id without one is absent)."""
@@ -104,7 +112,7 @@ class Finished:
     contexts: dict[str, str] = field(default_factory=dict)
 
 
-RUN = Verdict("run")
+_RUN = CoalesceVerdict("run")
 
 
 class CoalesceTable:
@@ -112,10 +120,10 @@ class CoalesceTable:
 
     def __init__(self, clock: Callable[[], float] = wall) -> None:
         self.clock = clock
-        self.keys: dict[Hashable, KeyState] = {}
+        self.keys: dict[Hashable, CoalesceKey] = {}
 
-    def _state(self, key: Hashable) -> KeyState:
-        state = self.keys.setdefault(key, KeyState())
+    def _state(self, key: Hashable) -> CoalesceKey:
+        state = self.keys.setdefault(key, CoalesceKey())
         now = self.clock()
         if state.run is not None and state.run.until <= now:
             self._orphan(state, state.run.id)  # its worker died: the next run covers its ids
@@ -128,37 +136,41 @@ class CoalesceTable:
         return state
 
     @staticmethod
-    def _release(state: KeyState, run_id: str) -> list[str]:
+    def _release(state: CoalesceKey, run_id: str) -> list[str]:
         """The ids *run_id* covers, forgotten here."""
         covered = state.covered.pop(run_id, [])
         for one in covered:
             state.by.pop(one, None)
         return covered
 
-    def _orphan(self, state: KeyState, run_id: str) -> None:
+    def _orphan(self, state: CoalesceKey, run_id: str) -> None:
         for covered in [*self._release(state, run_id), run_id]:
             state.by.pop(covered, None)
             if covered not in state.orphans:
                 state.orphans.append(covered)
 
     @staticmethod
-    def _cover(state: KeyState, run_id: str, covered: str) -> Verdict:
+    def _cover(state: CoalesceKey, run_id: str, covered: str) -> CoalesceVerdict:
         if covered != run_id and state.by.get(covered) != run_id:
             state.covered.setdefault(run_id, []).append(covered)
             state.by[covered] = run_id
-        return Verdict("covered", run_id)
+        return CoalesceVerdict("covered", run_id)
 
-    def _start(self, state: KeyState, mid: str, holder: str, lease: float, retries: int) -> Verdict:
+    def _start(
+        self, state: CoalesceKey, mid: str, holder: str, lease: float, retries: int
+    ) -> CoalesceVerdict:
         now = self.clock()
-        state.run = Hold(mid, holder, now + lease, cutoff=now, retries=retries)
+        state.run = CoalesceHold(mid, holder, now + lease, cutoff=now, retries=retries)
         for orphan in state.orphans:
             if orphan != mid:
                 self._cover(state, mid, orphan)
         state.orphans.clear()
-        return RUN
+        return _RUN
 
-    def ask(self, key: Hashable, mid: str, sent: float, holder: str, lease: float,
-            keep: str = "first", retries: int = 0, context: str = "") -> Verdict:  # fmt: skip
+    def ask(
+        self, key: Hashable, mid: str, sent: float, holder: str, lease: float,
+        keep: str = "first", retries: int = 0, context: str = "",
+    ) -> CoalesceVerdict:  # fmt: skip
         """Message *mid* of *key*, sent at *sent*, reached *holder*: what it does. Covered by
         a run (or the waiting run) that has not ended, it keeps its ending *context*."""
         state = self._state(key)
@@ -167,43 +179,43 @@ class CoalesceTable:
             state.contexts[mid] = context
         return verdict
 
-    def _decide(self, state: KeyState, mid: str, sent: float, holder: str, lease: float,
-                keep: str, retries: int) -> Verdict:  # fmt: skip
+    def _decide(self, state: CoalesceKey, mid: str, sent: float, holder: str, lease: float,
+                keep: str, retries: int) -> CoalesceVerdict:  # fmt: skip
         run, wait = state.run, state.wait
         now = self.clock()
         if run is not None and run.id == mid:
             if run.holder in ("", holder) or retries > run.retries:
                 run.holder, run.until, run.retries = holder, now + lease, max(retries, run.retries)
-                return RUN  # the run itself, asked again, or going on (a retry, a park)
-            return Verdict("covered", mid)  # a second delivery of a live run
+                return _RUN  # the run itself, asked again, or going on (a retry, a park)
+            return CoalesceVerdict("covered", mid)  # a second delivery of a live run
         if mid in state.by:
-            return Verdict("covered", state.by[mid])
+            return CoalesceVerdict("covered", state.by[mid])
         if wait is not None and wait.id == mid:
             if run is None:  # the run ended: the waiting run starts, with what it covers
                 state.wait = None
                 return self._start(state, mid, holder, lease, retries)
             wait.holder, wait.until, wait.entry = holder, now + lease, ""
-            return Verdict("wait", due=run.until - now)
+            return CoalesceVerdict("wait", due=run.until - now)
         if run is not None and sent <= run.cutoff:
             return self._cover(state, run.id, mid)
         if state.last is not None and sent <= state.last.cutoff:
-            return Verdict("covered", state.last.id, ended=True)  # sent before it started
+            return CoalesceVerdict("covered", state.last.id, ended=True)  # sent before it started
         if wait is not None:
             if keep == "first" or run is None:
                 return self._cover(state, wait.id, mid)
             # keep="last": this message is the waiting run now, and covers the one it replaces
             moved = [*self._release(state, wait.id), wait.id]
             state.by.pop(wait.id, None)
-            state.wait = Hold(mid, holder, now + lease)
+            state.wait = CoalesceHold(mid, holder, now + lease)
             for covered in moved:
                 self._cover(state, mid, covered)
-            return Verdict("wait", due=run.until - now)
+            return CoalesceVerdict("wait", due=run.until - now)
         if run is None:
             return self._start(state, mid, holder, lease, retries)
-        state.wait = Hold(mid, holder, now + lease)
-        return Verdict("wait", due=run.until - now)
+        state.wait = CoalesceHold(mid, holder, now + lease)
+        return CoalesceVerdict("wait", due=run.until - now)
 
-    def finish(self, key: Hashable, mid: str, holder: str) -> Finished | None:
+    def finish(self, key: Hashable, mid: str, holder: str) -> CoalesceFinished | None:
         """Run *mid* ended: what it covered, or ``None`` when it was no longer the key's run
         (its lease ran out: another run covers its ids)."""
         state = self._state(key)
@@ -212,15 +224,15 @@ class CoalesceTable:
             self._drop_if_empty(key, state)
             return None
         state.run = None
-        state.last = Hold(mid, holder, self.clock() + REMEMBER, cutoff=run.cutoff)
+        state.last = CoalesceHold(mid, holder, self.clock() + REMEMBER, cutoff=run.cutoff)
         covered = self._release(state, mid)
         parked = state.wait.entry if state.wait is not None else ""
         contexts = self._take_contexts(state, covered)
         self._drop_if_empty(key, state)
-        return Finished(covered, parked, contexts)
+        return CoalesceFinished(covered, parked, contexts)
 
     @staticmethod
-    def _take_contexts(state: KeyState, ids: list[str]) -> dict[str, str]:
+    def _take_contexts(state: CoalesceKey, ids: list[str]) -> dict[str, str]:
         return {one: state.contexts.pop(one) for one in ids if one in state.contexts}
 
     def step_aside(
@@ -247,7 +259,7 @@ class CoalesceTable:
         wait.holder, wait.until, wait.entry = "", self.clock() + seconds + lease, entry
         return True
 
-    def drop(self, key: Hashable, mid: str) -> Finished | None:
+    def drop(self, key: Hashable, mid: str) -> CoalesceFinished | None:
         """Celery discarded message *mid* (revoked, expired) before it ran: if it was the
         key's waiting run, or its run between attempts, it is no more; the ids it covered
         and their contexts (to end as it did), or ``None`` when it held nothing."""
@@ -261,7 +273,7 @@ class CoalesceTable:
                     state.run = None
                 contexts = self._take_contexts(state, covered)
                 self._drop_if_empty(key, state)
-                return Finished(covered, "", contexts)
+                return CoalesceFinished(covered, "", contexts)
         return None
 
     def forget(self, key: Hashable, mid: str, holder: str) -> None:
@@ -284,6 +296,6 @@ class CoalesceTable:
                 hold.until = self.clock() + lease
         return lost
 
-    def _drop_if_empty(self, key: Hashable, state: KeyState) -> None:
+    def _drop_if_empty(self, key: Hashable, state: CoalesceKey) -> None:
         if state.empty() and state.last is None:
             self.keys.pop(key, None)

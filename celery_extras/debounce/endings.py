@@ -19,10 +19,10 @@ from ..admission.gate import Ticket
 from ..admission.notices import ALL, Bucket
 from ..delay.gate import DELAY_ATTR
 from .holds import DebounceHolds
-from .table import Finished
+from .table import DebounceFinished
 
 __all__ = [
-    "Holding",
+    "DebounceHolding",
     "Waiting",
     "covered_messages",
     "hurry",
@@ -36,7 +36,7 @@ logger = logging.getLogger("celery_extras.debounce")
 
 
 @dataclass
-class Holding:
+class DebounceHolding:
     """A hold of this worker: the run (or waiting message) of *bucket* under *holder*."""
 
     bucket: Bucket
@@ -53,10 +53,11 @@ class Holding:
 
 
 class Waiting:
-    """The messages a gate holds waiting (unacked), by bucket, each with its :class:`Holding`."""
+    """The messages a gate holds waiting (unacked), by bucket, each with its
+    :class:`DebounceHolding`."""
 
     def __init__(self) -> None:
-        self.buckets: dict[Bucket, list[tuple[Ticket, Holding]]] = {}
+        self.buckets: dict[Bucket, list[tuple[Ticket, DebounceHolding]]] = {}
 
     def __len__(self) -> int:
         return sum(len(waits) for waits in self.buckets.values())
@@ -64,7 +65,7 @@ class Waiting:
     def __contains__(self, bucket: Bucket) -> bool:
         return bucket in self.buckets
 
-    def add(self, ticket: Ticket, holding: Holding) -> None:
+    def add(self, ticket: Ticket, holding: DebounceHolding) -> None:
         self.buckets.setdefault(holding.bucket, []).append((ticket, holding))
 
     def remove(self, bucket: Bucket, ticket: Ticket) -> None:
@@ -74,7 +75,7 @@ class Waiting:
         else:
             self.buckets.pop(bucket, None)
 
-    def named(self, bucket: Bucket) -> list[tuple[Bucket, Ticket, Holding]]:
+    def named(self, bucket: Bucket) -> list[tuple[Bucket, Ticket, DebounceHolding]]:
         """The messages waiting in *bucket* (in every bucket for :data:`ALL`)."""
         buckets = list(self.buckets) if bucket == ALL else [bucket]
         return [(one, t, h) for one in buckets for t, h in self.buckets.get(one, ())]
@@ -87,11 +88,11 @@ class Waiting:
         """When the first waiting message asks again, or ``None``."""
         return min((h.next_ask for w in self.buckets.values() for _, h in w), default=None)
 
-    def held_since(self, before: float) -> list[tuple[Bucket, Ticket, Holding]]:
+    def held_since(self, before: float) -> list[tuple[Bucket, Ticket, DebounceHolding]]:
         """The messages that started to wait before *before*."""
         return [(b, t, h) for b, t, h in self.named(ALL) if h.since < before]
 
-    def take_all(self) -> list[tuple[Bucket, Ticket, Holding]]:
+    def take_all(self) -> list[tuple[Bucket, Ticket, DebounceHolding]]:
         """Every waiting message, taken out."""
         everything = self.named(ALL)
         self.buckets.clear()
@@ -116,14 +117,14 @@ def known_outcome(ticket: Ticket) -> Outcome:
     return Outcome(states.SUCCESS, None, None, run_id)
 
 
-def covered_messages(done: Finished) -> list[CoveredMessage]:
+def covered_messages(done: DebounceFinished) -> list[CoveredMessage]:
     """The messages *done* lists, each with its stored ending context (``None``: its result
     only, as for an id whose holder had not confirmed it)."""
     return [CoveredMessage(one, decode_context(done.contexts.get(one), one))
             for one in done.covered]  # fmt: skip
 
 
-def renew_runs(holds: DebounceHolds, holdings: Iterable[tuple[Ticket, Holding]],
+def renew_runs(holds: DebounceHolds, holdings: Iterable[tuple[Ticket, DebounceHolding]],
                now: float) -> int:  # fmt: skip
     """Renew the runs whose hold is due (every third of its lease; each marked renewed now);
     the holds that had run out (logged, and marked lost: their end frees nothing)."""
@@ -152,7 +153,7 @@ def renew_runs(holds: DebounceHolds, holdings: Iterable[tuple[Ticket, Holding]],
     return count
 
 
-def per_task(specs: Mapping[str, Any], holdings: Iterable[tuple[Ticket, Holding]],
+def per_task(specs: Mapping[str, Any], holdings: Iterable[tuple[Ticket, DebounceHolding]],
              waiting: Waiting) -> dict[str, dict[str, Any]]:  # fmt: skip
     """``inspect stats``' figures per task: its spec, and its messages running and waiting
     in this worker."""

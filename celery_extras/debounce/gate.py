@@ -49,7 +49,7 @@ from ..delay.capability import parking_uses
 from ..signals import task_debounced
 from ..store.client import store_user
 from .endings import (
-    Holding,
+    DebounceHolding,
     Waiting,
     covered_messages,
     hurry,
@@ -61,7 +61,7 @@ from .endings import (
 from .holds import DebounceHolds, DebounceStore
 from .sent import sent_at
 from .spec import DebounceSpec
-from .table import Finished, Verdict
+from .table import DebounceFinished, DebounceVerdict
 
 __all__ = ["ASK_AGAIN", "CONSEQUENCE", "CONTEXT_NOTE", "LATE", "DebounceGate"]
 
@@ -100,7 +100,7 @@ class DebounceGate(Gate):
                                  CONSEQUENCE[self.on_store_error], clock)  # fmt: skip
         self.holds = DebounceHolds(app, self.health, wall)
         self.worker = uuid.uuid4().hex[:16]
-        self.holding: dict[int, tuple[Ticket, Holding]] = {}  # runs, by id(request)
+        self.holding: dict[int, tuple[Ticket, DebounceHolding]] = {}  # runs, by id(request)
         self.waiting = Waiting()
         self.endings = CoveredEndings(app)
         #: covered messages ending here before their ack (covered by a run that ended)
@@ -137,7 +137,7 @@ class DebounceGate(Gate):
         spec = self.specs[ticket.name]
         bucket = (ticket.name, call_key(ticket.name, spec.key, ticket.request, "debounce", "key",
                                         logger))  # fmt: skip
-        holding = Holding(bucket, f"{self.worker}:{uuid.uuid4().hex[:12]}", spec.lease,
+        holding = DebounceHolding(bucket, f"{self.worker}:{uuid.uuid4().hex[:12]}", spec.lease,
                           self.clock())  # fmt: skip
         verdict = self._ask(ticket, holding)
         if verdict is None:
@@ -147,7 +147,7 @@ class DebounceGate(Gate):
             return Hold(self.store_retry)
         return self._answer(ticket, holding, verdict, queued=False)
 
-    def _ask(self, ticket: Ticket, holding: Holding) -> Verdict | None:
+    def _ask(self, ticket: Ticket, holding: DebounceHolding) -> DebounceVerdict | None:
         """The holds' verdict on *ticket*, or ``None`` when the store cannot answer."""
         spec = self.specs[ticket.name]
         request = ticket.request
@@ -160,13 +160,15 @@ class DebounceGate(Gate):
             context = ticket.notes[CONTEXT_NOTE] = encode_context(context_of(request))
         holding.asked = self.clock()
 
-        def ask(holds: DebounceStore) -> Verdict:
+        def ask(holds: DebounceStore) -> DebounceVerdict:
             return holds.ask(holding.bucket, request.id, sent, holding.holder, spec.wait,
                              spec.max_wait, spec.lease, retries, context)  # fmt: skip
 
         return self.holds.ask(ask)
 
-    def _answer(self, ticket: Ticket, holding: Holding, verdict: Verdict, queued: bool) -> Answer:
+    def _answer(
+        self, ticket: Ticket, holding: DebounceHolding, verdict: DebounceVerdict, queued: bool
+    ) -> Answer:
         if verdict.kind == "run":
             self.counts["runs"] += 1
             self.holding[id(ticket.request)] = (ticket, holding)
@@ -271,7 +273,7 @@ class DebounceGate(Gate):
         if not isinstance(task_id, str):
             return
         bucket = (name, call_key(name, self.specs[name].key, request, "debounce", "key", logger))
-        dropped: Finished | None = self.holds.call(lambda h: h.drop(bucket, task_id))
+        dropped: DebounceFinished | None = self.holds.call(lambda h: h.drop(bucket, task_id))
         if dropped is not None:
             self.endings.schedule(self._consumer, name, task_id, covered_messages(dropped),
                                   known=revoked_outcome(task_id))  # fmt: skip
@@ -281,7 +283,7 @@ class DebounceGate(Gate):
         if found is not None:
             self._step_aside(ticket, found[1], seconds)
 
-    def _step_aside(self, ticket: Ticket, one: Holding, seconds: float) -> None:
+    def _step_aside(self, ticket: Ticket, one: DebounceHolding, seconds: float) -> None:
         mid = ticket.request.id
         self.holds.call(lambda h: h.step_aside(one.bucket, mid, one.holder, seconds, one.lease))
 

@@ -20,7 +20,7 @@ from ..store.client import redis_client, store_key, store_safety, store_url
 from ..store.health import StoreUser
 from ..store.safety import COALESCING
 from .redis_holds import RedisDebounce
-from .table import DebounceTable, Finished, Verdict
+from .table import DebounceFinished, DebounceTable, DebounceVerdict
 
 __all__ = ["DebounceHolds", "DebounceStore"]
 
@@ -33,9 +33,9 @@ class DebounceStore(Protocol):
 
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, wait: float,
             max_wait: float | None, lease: float, retries: int = 0,
-            context: str = "") -> Verdict: ...  # fmt: skip
+            context: str = "") -> DebounceVerdict: ...  # fmt: skip
 
-    def finish(self, bucket: Bucket, mid: str, holder: str) -> Finished | None: ...
+    def finish(self, bucket: Bucket, mid: str, holder: str) -> DebounceFinished | None: ...
 
     def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
                    lease: float) -> bool: ...  # fmt: skip
@@ -43,7 +43,7 @@ class DebounceStore(Protocol):
     def park_next(self, bucket: Bucket, mid: str, holder: str, entry: str,
                   seconds: float, lease: float) -> bool: ...  # fmt: skip
 
-    def drop(self, bucket: Bucket, mid: str) -> Finished | None: ...
+    def drop(self, bucket: Bucket, mid: str) -> DebounceFinished | None: ...
 
     def forget(self, bucket: Bucket, mid: str, holder: str) -> None: ...
 
@@ -70,7 +70,7 @@ class DebounceHolds:
             self._store = RedisDebounce(redis_client(self.app), store_key(self.app))
         return self._store
 
-    def ask(self, operation: Callable[[DebounceStore], Verdict]) -> Verdict | None:
+    def ask(self, operation: Callable[[DebounceStore], DebounceVerdict]) -> DebounceVerdict | None:
         """*operation* (an ``ask``) on the holds; ``None`` when the store cannot (or must
         not) answer."""
         if self.shared and self.safety.evicts(COALESCING):

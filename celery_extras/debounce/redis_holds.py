@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from ..admission.notices import Bucket, notice
 from ..scripts import NOW, load, register
-from .table import Finished, Verdict
+from .table import DebounceFinished, DebounceVerdict
 
 __all__ = ["SCRIPT", "RedisDebounce"]
 
@@ -59,7 +59,7 @@ class RedisDebounce:
 
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, wait: float,
             max_wait: float | None, lease: float, retries: int = 0,
-            context: str = "") -> Verdict:  # fmt: skip
+            context: str = "") -> DebounceVerdict:  # fmt: skip
         """What message *mid*, sent at *sent* (epoch seconds), does (see
         :meth:`.table.DebounceTable.ask`)."""
         longest = "" if max_wait is None else _ms(max_wait)
@@ -67,9 +67,9 @@ class RedisDebounce:
                            _ms(lease), retries, *bucket, context)  # fmt: skip
         due = int(reply[2]) / 1000 if len(reply) > 2 else 0.0
         ended = len(reply) > 3 and int(reply[3]) == 1
-        return Verdict(cast("Any", _text(reply[0])), _text(reply[1]), due, ended)
+        return DebounceVerdict(cast("Any", _text(reply[0])), _text(reply[1]), due, ended)
 
-    def finish(self, bucket: Bucket, mid: str, holder: str) -> Finished | None:
+    def finish(self, bucket: Bucket, mid: str, holder: str) -> DebounceFinished | None:
         """Run *mid* ended: what it covered (a next message due is told through the
         channel), or ``None`` when it was no longer the key's run."""
         reply = self._call(bucket, "finish", mid, holder)
@@ -78,7 +78,7 @@ class RedisDebounce:
         if int(reply[0]):
             self.client.publish(self.channel, notice(*bucket))
         covered, contexts = _ended(reply[2:])
-        return Finished(covered, contexts, _text(reply[1]))
+        return DebounceFinished(covered, contexts, _text(reply[1]))
 
     def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
                    lease: float) -> bool:  # fmt: skip
@@ -90,13 +90,13 @@ class RedisDebounce:
         """The next message *mid* was parked as *entry*, due in *seconds* (see the table's)."""
         return bool(self._call(bucket, "parked", mid, holder, _ms(seconds + lease), entry))
 
-    def drop(self, bucket: Bucket, mid: str) -> Finished | None:
+    def drop(self, bucket: Bucket, mid: str) -> DebounceFinished | None:
         """Celery discarded *mid* before it ran (see the table's): what it covered."""
         reply = self._call(bucket, "dropped", mid, "")
         if not reply:
             return None
         covered, contexts = _ended(reply[1:])
-        return Finished(covered, contexts)
+        return DebounceFinished(covered, contexts)
 
     def forget(self, bucket: Bucket, mid: str, holder: str) -> None:
         """The next message *mid* was dropped by *holder* (the broker delivers it again)."""

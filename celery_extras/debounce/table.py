@@ -45,7 +45,15 @@ from typing import Literal
 
 from ..clock import wall
 
-__all__ = ["REMEMBER", "DebounceTable", "Finished", "Hold", "KeyState", "Verdict", "due_of"]
+__all__ = [
+    "REMEMBER",
+    "DebounceFinished",
+    "DebounceHold",
+    "DebounceKey",
+    "DebounceTable",
+    "DebounceVerdict",
+    "due_of",
+]
 
 #: Seconds a key remembers its last run after it ended: a message of its burst delivered
 #: later than that runs again rather than be covered (never lost).
@@ -53,7 +61,7 @@ REMEMBER = 86400.0
 
 
 @dataclass
-class Hold:
+class DebounceHold:
     """A run or the *next* message: its id, its holder and when its lease ends."""
 
     id: str
@@ -71,9 +79,9 @@ class Hold:
 
 
 @dataclass
-class KeyState:
-    run: Hold | None = None
-    next: Hold | None = None
+class DebounceKey:
+    run: DebounceHold | None = None
+    next: DebounceHold | None = None
     #: run (or *next*) id -> the ids it covers
     covered: dict[str, list[str]] = field(default_factory=dict)
     #: covered id -> the id covering it (kept after that run ended for an id unconfirmed)
@@ -84,7 +92,7 @@ class KeyState:
     #: run covering it ends
     contexts: dict[str, str] = field(default_factory=dict)
     #: the last run that ended (its id and send time), and until when it is remembered
-    last: Hold | None = None
+    last: DebounceHold | None = None
 
     def empty(self) -> bool:
         return (self.run is None and self.next is None and not self.covered
@@ -92,7 +100,7 @@ class KeyState:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class DebounceVerdict:
     """What a message of a debounced key does: ``"run"``, ``"wait"`` (ask again in *due*
     seconds) or ``"covered"`` (*by*: the id of the covering run; *ended*: that run has ended,
     so its outcome can be copied at once)."""
@@ -104,7 +112,7 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class Finished:
+class DebounceFinished:
     """A run ended (or a message was dropped): the ids it covered, the ending contexts of
     those confirmed (by id; one without is absent), and the delay-store entry of the *next*
     message if it is parked and due (the finisher makes it due at once)."""
@@ -114,7 +122,7 @@ class Finished:
     parked: str = ""
 
 
-RUN = Verdict("run")
+_RUN = DebounceVerdict("run")
 
 
 def due_of(now: float, first: float, wait: float, max_wait: float | None) -> float:
@@ -128,10 +136,10 @@ class DebounceTable:
 
     def __init__(self, clock: Callable[[], float] = wall) -> None:
         self.clock = clock
-        self.keys: dict[Hashable, KeyState] = {}
+        self.keys: dict[Hashable, DebounceKey] = {}
 
-    def _state(self, key: Hashable) -> KeyState:
-        state = self.keys.setdefault(key, KeyState())
+    def _state(self, key: Hashable) -> DebounceKey:
+        state = self.keys.setdefault(key, DebounceKey())
         now = self.clock()
         if state.run is not None and state.run.until <= now:
             self._orphan(state, state.run.id)  # its worker died: the next run covers its ids
@@ -144,47 +152,47 @@ class DebounceTable:
         return state
 
     @staticmethod
-    def _release(state: KeyState, run_id: str) -> list[str]:
+    def _release(state: DebounceKey, run_id: str) -> list[str]:
         """The ids *run_id* covers, forgotten here."""
         covered = state.covered.pop(run_id, [])
         for one in covered:
             state.by.pop(one, None)
         return covered
 
-    def _orphan(self, state: KeyState, run_id: str) -> None:
+    def _orphan(self, state: DebounceKey, run_id: str) -> None:
         for one in [*self._release(state, run_id), run_id]:
             if one not in state.orphans:
                 state.orphans.append(one)
 
     @staticmethod
-    def _cover(state: KeyState, run_id: str, covered: str) -> None:
+    def _cover(state: DebounceKey, run_id: str, covered: str) -> None:
         if covered != run_id and state.by.get(covered) != run_id:
             state.covered.setdefault(run_id, []).append(covered)
             state.by[covered] = run_id
         if covered in state.orphans:
             state.orphans.remove(covered)
 
-    def _start(self, state: KeyState, nxt: Hold, holder: str, lease: float,
-               retries: int) -> Verdict:  # fmt: skip
-        state.run = Hold(nxt.id, holder, self.clock() + lease, nxt.sent, retries=retries)
+    def _start(self, state: DebounceKey, nxt: DebounceHold, holder: str, lease: float,
+               retries: int) -> DebounceVerdict:  # fmt: skip
+        state.run = DebounceHold(nxt.id, holder, self.clock() + lease, nxt.sent, retries=retries)
         state.next = None
         for orphan in list(state.orphans):
             if orphan != nxt.id:
                 self._cover(state, nxt.id, orphan)
         state.orphans.clear()
-        return RUN
+        return _RUN
 
-    def _waits(self, state: KeyState, nxt: Hold) -> Verdict:
+    def _waits(self, state: DebounceKey, nxt: DebounceHold) -> DebounceVerdict:
         """*nxt* waits: for its quiet period, or for its key's run to end."""
         now = self.clock()
         if now < nxt.due:
-            return Verdict("wait", due=nxt.due - now)
+            return DebounceVerdict("wait", due=nxt.due - now)
         run = state.run
-        return Verdict("wait", due=run.until - now if run is not None else 0.0)
+        return DebounceVerdict("wait", due=run.until - now if run is not None else 0.0)
 
     def ask(self, key: Hashable, mid: str, sent: float, holder: str, wait: float,
             max_wait: float | None, lease: float, retries: int = 0,
-            context: str = "") -> Verdict:  # fmt: skip
+            context: str = "") -> DebounceVerdict:  # fmt: skip
         """Message *mid* of *key*, sent at *sent*, reached (or is held by) *holder*: what it
         does. Covered by a run (or a *next*) that has not ended, it keeps its ending
         *context*."""
@@ -195,21 +203,21 @@ class DebounceTable:
         self._drop_if_empty(key, state)
         return verdict
 
-    def _decide(self, state: KeyState, mid: str, sent: float, holder: str, wait: float,
-                max_wait: float | None, lease: float, retries: int) -> Verdict:  # fmt: skip
+    def _decide(self, state: DebounceKey, mid: str, sent: float, holder: str, wait: float,
+                max_wait: float | None, lease: float, retries: int) -> DebounceVerdict:  # fmt: skip
         run, nxt = state.run, state.next
         now = self.clock()
         if run is not None and run.id == mid:
             if run.holder in ("", holder) or retries > run.retries:
                 run.holder, run.until, run.retries = holder, now + lease, max(retries, run.retries)
-                return RUN  # the run itself, asked again, or going on (a retry, a park)
-            return Verdict("covered", mid)  # a second delivery of a live run
+                return _RUN  # the run itself, asked again, or going on (a retry, a park)
+            return DebounceVerdict("covered", mid)  # a second delivery of a live run
         by = state.by.get(mid)
         if by is not None:
             if (run is not None and run.id == by) or (nxt is not None and nxt.id == by):
-                return Verdict("covered", by)
+                return DebounceVerdict("covered", by)
             del state.by[mid]  # covered by a run that has ended: it ends where it is
-            return Verdict("covered", by, ended=True)
+            return DebounceVerdict("covered", by, ended=True)
         if nxt is not None and nxt.id == mid:
             nxt.holder, nxt.until, nxt.entry = holder, now + lease, ""
             if now >= nxt.due and run is None:
@@ -217,17 +225,17 @@ class DebounceTable:
             return self._waits(state, nxt)
         if run is not None and sent <= run.sent:  # of the burst running, delivered late
             self._cover(state, run.id, mid)
-            return Verdict("covered", run.id)
+            return DebounceVerdict("covered", run.id)
         if state.last is not None and sent <= state.last.sent:  # of a burst that ran
-            return Verdict("covered", state.last.id, ended=True)
+            return DebounceVerdict("covered", state.last.id, ended=True)
         if nxt is not None and (mid in state.orphans or sent < nxt.sent):
             self._cover(state, nxt.id, mid)  # delivered again, or older than the next one
-            return Verdict("covered", nxt.id)
+            return DebounceVerdict("covered", nxt.id)
         if mid in state.orphans:
             state.orphans.remove(mid)
         first = now if nxt is None else nxt.first
         due = due_of(now, first, wait, max_wait)
-        new = Hold(mid, holder, now + lease, sent, first=first, due=due)
+        new = DebounceHold(mid, holder, now + lease, sent, first=first, due=due)
         if nxt is not None:  # the burst goes on: the message it replaces, and all it
             moved = [*self._release(state, nxt.id), nxt.id]  # covered, are covered by this one
             for one in moved:
@@ -237,7 +245,7 @@ class DebounceTable:
             return self._start(state, new, holder, lease, retries)
         return self._waits(state, new)
 
-    def finish(self, key: Hashable, mid: str, holder: str) -> Finished | None:
+    def finish(self, key: Hashable, mid: str, holder: str) -> DebounceFinished | None:
         """Run *mid* ended: what it covered, or ``None`` when it was no longer the key's run
         (its lease ran out: another run covers its ids). Its unconfirmed ids are remembered
         as covered by it (see the module's docstring)."""
@@ -247,7 +255,7 @@ class DebounceTable:
             self._drop_if_empty(key, state)
             return None
         state.run = None
-        state.last = Hold(mid, holder, self.clock() + REMEMBER, run.sent)
+        state.last = DebounceHold(mid, holder, self.clock() + REMEMBER, run.sent)
         covered = state.covered.pop(mid, [])
         contexts: dict[str, str] = {}
         for one in covered:
@@ -259,7 +267,7 @@ class DebounceTable:
         nxt = state.next
         parked = nxt.entry if nxt is not None and nxt.due <= self.clock() else ""
         self._drop_if_empty(key, state)
-        return Finished(covered, contexts, parked)
+        return DebounceFinished(covered, contexts, parked)
 
     def step_aside(
         self, key: Hashable, mid: str, holder: str, seconds: float, lease: float
@@ -285,7 +293,7 @@ class DebounceTable:
         nxt.holder, nxt.until, nxt.entry = "", self.clock() + seconds + lease, entry
         return True
 
-    def drop(self, key: Hashable, mid: str) -> Finished | None:
+    def drop(self, key: Hashable, mid: str) -> DebounceFinished | None:
         """Celery discarded message *mid* (revoked, expired) before it ran: were it the
         *next* message, or the run between attempts, it is no more; the ids it covered that
         were confirmed, with their contexts (to end as it did), or ``None``. Its unconfirmed
@@ -306,7 +314,7 @@ class DebounceTable:
             else:
                 state.run = None
             self._drop_if_empty(key, state)
-            return Finished(confirmed, contexts)
+            return DebounceFinished(confirmed, contexts)
         by = state.by.get(mid)
         live = [h.id for h in (state.run, state.next) if h is not None]
         if by is not None and by not in live:
@@ -335,6 +343,6 @@ class DebounceTable:
                 hold.until = self.clock() + lease
         return lost
 
-    def _drop_if_empty(self, key: Hashable, state: KeyState) -> None:
+    def _drop_if_empty(self, key: Hashable, state: DebounceKey) -> None:
         if state.empty() and state.last is None:
             self.keys.pop(key, None)

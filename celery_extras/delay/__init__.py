@@ -6,7 +6,7 @@ from .entry import CLAIM_HEADER, PARKED_HEADER, Entry, due_queue_name, entry_id
 from .memory_store import MemoryDelayStore
 from .mover import Mover
 from .redis_store import RedisDelayStore, delay_keys
-from .store import Claim, Claimed, DelayStore, Purged, Selection, Take, Taken
+from .store import Claim, Claimed, DelayStore, Purged, Selection, Taken, TakeStatus
 
 __all__ = [
     "CLAIM_HEADER",
@@ -20,7 +20,7 @@ __all__ = [
     "Purged",
     "RedisDelayStore",
     "Selection",
-    "Take",
+    "TakeStatus",
     "Taken",
     "delay_keys",
     "due_queue_name",

@@ -27,7 +27,7 @@ from ..clock import monotonic
 from ..clock import wall as clock_wall
 from .entry import CLAIM_HEADER, PARKED_HEADER
 from .parking import STORE_ERRORS, Parker
-from .store import Take
+from .store import TakeStatus
 
 __all__ = ["DELAY_ATTR", "ArrivalGate", "ReleasedSlot", "slot_of_kind"]
 
@@ -146,16 +146,16 @@ class ArrivalGate:
             self._unverified(name, "malformed")
             return "ordinary"
         taken = self.parker.store.take(eid, task_id, token)
-        if taken.status is Take.DUPLICATE:
+        if taken.status is TakeStatus.DUPLICATE:
             self.counts["duplicates"] += 1
             logger.info("celery-extras: dropping a second copy of released %s[%s]", name, task_id)
             return "drop"
-        if taken.status is Take.PURGED:
+        if taken.status is TakeStatus.PURGED:
             self.counts["purged"] += 1
             logger.info("celery-extras: dropping released %s[%s]: purged from the delay store",
                         name, task_id)  # fmt: skip
             return "drop"
-        if taken.status is Take.UNKNOWN:
+        if taken.status is TakeStatus.UNKNOWN:
             self._unverified(name, "not in the delay store")
             return "ordinary"
         self.counts["taken"] += 1

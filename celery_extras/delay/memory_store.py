@@ -23,8 +23,8 @@ from .store import (
     Claimed,
     Purged,
     Selection,
-    Take,
     Taken,
+    TakeStatus,
     TaskSummary,
 )
 
@@ -123,17 +123,17 @@ class MemoryDelayStore:
     def take(self, entry_id: str, task_id: str, token: str) -> Taken:
         record = self.records.get(entry_id)
         if record is None or record.task_id != task_id or token not in record.tokens:
-            return Taken(Take.UNKNOWN)
+            return Taken(TakeStatus.UNKNOWN)
         now = self.clock()
         if record.taken_by is not None:
             if record.taken_by == token:
-                return Taken(Take.REDELIVERED, _until(record.due, now), record.kind)
+                return Taken(TakeStatus.REDELIVERED, _until(record.due, now), record.kind)
             if record.taken_by == PURGED_MARK:
-                return Taken(Take.PURGED, _until(record.due, now), record.kind)
-            return Taken(Take.DUPLICATE, _until(record.due, now), record.kind)
+                return Taken(TakeStatus.PURGED, _until(record.due, now), record.kind)
+            return Taken(TakeStatus.DUPLICATE, _until(record.due, now), record.kind)
         record.taken_by, record.taken_at, record.raw = token, now, None
         record.released = False
-        return Taken(Take.TAKEN, _until(record.due, now), record.kind)
+        return Taken(TakeStatus.TAKEN, _until(record.due, now), record.kind)
 
     def discard(self, entry_id: str) -> None:
         self.records.pop(entry_id, None)

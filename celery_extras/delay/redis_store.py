@@ -44,7 +44,7 @@ from ..scripts import NOW, load, register
 from ..store.client import LazyCluster, StoreClient
 from .entry import Entry
 from .shards import MAX_SHARDS, Shard, first_shard, layout, shard_named, shard_of
-from .store import MAX_TOKENS, Claim, Claimed, Purged, Selection, Take, Taken, TaskSummary
+from .store import MAX_TOKENS, Claim, Claimed, Purged, Selection, Taken, TakeStatus, TaskSummary
 
 __all__ = ["PURGE_PAGE", "ParkNotReplicated", "RedisDelayStore", "delay_keys"]
 
@@ -299,13 +299,13 @@ class RedisDelayStore:
     def take(self, entry_id: str, task_id: str, token: str) -> Taken:
         shard = shard_named(self.prefix, token)
         if shard is None:  # a token no shard issued (a forged header)
-            return Taken(Take.UNKNOWN)
+            return Taken(TakeStatus.UNKNOWN)
         k = shard.keys
         reply = cast("list[Any]", self._take(
             keys=[k["due"], k["meta"], k["msg"], k["taken"], k["released"]],
             args=[entry_id, task_id, token],
         ))  # fmt: skip
-        return Taken(Take(int(reply[0])), int(reply[1]) / 1000, str(reply[2]))
+        return Taken(TakeStatus(int(reply[0])), int(reply[1]) / 1000, str(reply[2]))
 
     def discard(self, entry_id: str) -> None:
         for shard in self._by_id(entry_id):

@@ -59,13 +59,13 @@ __all__ = [
     "DelayStore",
     "Purged",
     "Selection",
-    "Take",
+    "TakeStatus",
     "Taken",
     "TaskSummary",
 ]
 
 
-class Take(IntEnum):
+class TakeStatus(IntEnum):
     """What a worker learns when it takes the entry a message names."""
 
     UNKNOWN = 0  # no such entry, wrong task or token: an ordinary message, no booked slot
@@ -77,7 +77,7 @@ class Take(IntEnum):
 
 @dataclass(frozen=True)
 class Taken:
-    status: Take
+    status: TakeStatus
     due_in: float = 0.0  # seconds from now to the entry's due time (negative: passed)
     kind: str = ""
 

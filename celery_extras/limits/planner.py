@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 from ..admission.spec import call_key
 from ..bounds import MAX_WAIT
-from .redis_bucket import Take
+from .all_of import admit_all
+from .redis_bucket import LimitTake
 from .spec import CostError, LimitSpec, limit_id
 from .token_bucket import TokenBucket
 from .worker_limits import WorkerLimits
@@ -83,9 +84,9 @@ class _Call:
     burst: int
     cost: int
 
-    def take(self) -> Take:
+    def take(self) -> LimitTake:
         narrow = self.spec.key is not None  # one key's bucket: its own tasks queue in it
-        return Take(self.id, self.key, self.spec.rate, self.spec.burst, self.cost, narrow)
+        return LimitTake(self.id, self.key, self.spec.rate, self.spec.burst, self.cost, narrow)
 
 
 class LimitPlanner(WorkerLimits):
@@ -241,10 +242,10 @@ class LimitPlanner(WorkerLimits):
                 limit=None,
                 held_by=held_by,
             )
-        for bucket, call in zip(buckets, local, strict=True):
-            if call.cost:  # narrow: each books its own slot
-                bucket.reserve(call.cost)
-                taken.add(call.index)
+        # the rule of all_of, the worker's buckets all narrow: each books its own slot
+        narrow = admit_all([(b, c.cost, True) for b, c in zip(buckets, local, strict=True)],
+                           floor=wait, max_wait=MAX_WAIT)  # fmt: skip
+        taken.update(c.index for c, booked in zip(local, narrow.booked, strict=True) if booked)
         if wait > 0:
             binding = binding or (remote + local)[0]  # the store's wait, none binding named
             fell_back = fallback and binding.spec.scope == "global"

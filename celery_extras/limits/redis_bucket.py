@@ -43,8 +43,8 @@ __all__ = [
     "OVERRIDE_REFRESH",
     "Acquired",
     "GlobalTokenBucket",
+    "LimitTake",
     "Override",
-    "Take",
     "override_field",
 ]
 
@@ -67,7 +67,7 @@ def override_field(limit: str, key: str = "") -> str:
 
 
 @dataclass(frozen=True)
-class Take:
+class LimitTake:
     """One limit's part in admitting one call: its bucket (limit id and key), its own rate
     and burst, the tokens the call takes, and whether the bucket is narrow (per key: it
     books its own slot at once, see :mod:`.all_of`)."""
@@ -148,13 +148,13 @@ class GlobalTokenBucket:
 
     def reserve(self, name: str, rate: float, burst: int, key: str = "", tokens: int = 1) -> float:
         """Book *tokens* of *name*'s bucket (for *key*); seconds to wait, 0 meaning go now."""
-        return self.acquire(name, [Take(name, key, rate, burst, tokens)]).wait
+        return self.acquire(name, [LimitTake(name, key, rate, burst, tokens)]).wait
 
     def acquire(
         self,
         task: str,
-        enforcing: Sequence[Take],
-        shadow: Sequence[Take] = (),
+        enforcing: Sequence[LimitTake],
+        shadow: Sequence[LimitTake] = (),
         floor: float = 0.0,
         tagged: bool = False,
     ) -> Acquired:
@@ -192,7 +192,7 @@ class GlobalTokenBucket:
             booked=tuple(booked),
         )
 
-    def effective(self, take: Take) -> tuple[float, int]:
+    def effective(self, take: LimitTake) -> tuple[float, int]:
         """*take*'s rate and burst: a stored run-time rate of its limit and key, else of its
         limit, else the limit's own."""
         stored = self.stored_overrides()

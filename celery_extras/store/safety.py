@@ -33,8 +33,8 @@ __all__ = [
     "PARKED",
     "REFRESH",
     "Kept",
+    "SafetyVerdict",
     "StoreSafety",
-    "Verdict",
     "at_risk",
 ]
 
@@ -90,7 +90,7 @@ def at_risk(policy: str) -> tuple[Kept, ...]:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class SafetyVerdict:
     """What one look at the store found."""
 
     policy: str
@@ -194,7 +194,7 @@ class StoreSafety:
         self.logger = logger
         self.clock = clock
         self.refresh = refresh
-        self.verdict: Verdict | None = None
+        self.verdict: SafetyVerdict | None = None
         self._due = 0.0
         self._warned_persistence = False
         self._lock = threading.Lock()
@@ -207,12 +207,12 @@ class StoreSafety:
         connection may reach another Redis)."""
         self._due = 0.0
 
-    def check(self) -> Verdict:
+    def check(self) -> SafetyVerdict:
         """Read the policy now (store errors propagate); log a change of verdict."""
         client = self.client()
         policy, maxmemory = read_policy(client)
         persistence = self.verdict.persistence if self.verdict else read_persistence(client)
-        verdict = Verdict(policy, maxmemory, at_risk(policy), persistence, self.clock())
+        verdict = SafetyVerdict(policy, maxmemory, at_risk(policy), persistence, self.clock())
         with self._lock:
             previous, self.verdict = self.verdict, verdict
             self._due = verdict.checked_at + self.refresh
@@ -220,7 +220,7 @@ class StoreSafety:
             self._log(previous, verdict)
         return verdict
 
-    def current(self) -> Verdict | None:
+    def current(self) -> SafetyVerdict | None:
         """The verdict, read again first when it is older than :attr:`refresh` (or stale);
         ``None`` when the store cannot be read (an outage: the callers' own handling)."""
         if self.verdict is None or self.clock() >= self._due:
@@ -301,7 +301,7 @@ class StoreSafety:
             out["full"] = True
         return out
 
-    def _log(self, previous: Verdict | None, verdict: Verdict) -> None:
+    def _log(self, previous: SafetyVerdict | None, verdict: SafetyVerdict) -> None:
         assert self.logger is not None
         if previous is None or previous.risk != verdict.risk or previous.policy != verdict.policy:
             if verdict.risk:

@@ -20,7 +20,7 @@ from celery_extras.delay.entry import Entry
 from celery_extras.delay.memory_store import MemoryDelayStore
 from celery_extras.delay.redis_store import ParkNotReplicated, RedisDelayStore, delay_keys
 from celery_extras.delay.shards import first_shard, layout
-from celery_extras.delay.store import DelayStore, Purged, Selection, Take
+from celery_extras.delay.store import DelayStore, Purged, Selection, TakeStatus
 from celery_extras.store.client import connect
 from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.topology import RedisClusterTopology
@@ -82,13 +82,13 @@ def test_park_claim_release_take(store: DelayStore) -> None:
     assert store.release("e1", "tok0", 0.0) is True
     (again,) = store.claim(0.5, 30.0, tokens(1, 5)).items  # re-check 0: published again
     assert (again.token, again.attempt) == ("tok5", 2)
-    assert store.take("e1", "t1", "forged").status is Take.UNKNOWN
-    assert store.take("e1", "t2", "tok5").status is Take.UNKNOWN
-    assert store.take("zz", "t1", "tok5").status is Take.UNKNOWN
+    assert store.take("e1", "t1", "forged").status is TakeStatus.UNKNOWN
+    assert store.take("e1", "t2", "tok5").status is TakeStatus.UNKNOWN
+    assert store.take("zz", "t1", "tok5").status is TakeStatus.UNKNOWN
     taken = store.take("e1", "t1", "tok5")
-    assert taken.status is Take.TAKEN and taken.kind == "limit"
-    assert store.take("e1", "t1", "tok0").status is Take.DUPLICATE
-    assert store.take("e1", "t1", "tok5").status is Take.REDELIVERED
+    assert taken.status is TakeStatus.TAKEN and taken.kind == "limit"
+    assert store.take("e1", "t1", "tok0").status is TakeStatus.DUPLICATE
+    assert store.take("e1", "t1", "tok5").status is TakeStatus.REDELIVERED
     assert store.release("e1", "tok5", 0.0) is False
     assert store.depth() == 1
     assert store.claim(0.5, 0.0, tokens(5, 10)).items == []
@@ -104,8 +104,8 @@ def test_expired_lease_is_claimed_again(store: DelayStore) -> None:
     (first,) = store.claim(0.0, 0.0, tokens(1)).items  # lease 0: ends at once
     (second,) = store.claim(0.0, 0.0, tokens(1, 1)).items
     assert (first.attempt, second.attempt) == (1, 2)
-    assert store.take("e1", "t1", first.token).status is Take.TAKEN
-    assert store.take("e1", "t1", second.token).status is Take.DUPLICATE
+    assert store.take("e1", "t1", first.token).status is TakeStatus.TAKEN
+    assert store.take("e1", "t1", second.token).status is TakeStatus.DUPLICATE
 
 
 def test_invalid_entries_are_dropped_by_discard(store: DelayStore) -> None:
@@ -127,7 +127,7 @@ def test_garbage_in_the_store_is_dropped_not_fatal() -> None:
         claimed = store.claim(0.0, 5.0, tokens(5))
         assert [c.entry_id for c in claimed.items] == ["e1"]
         assert client.zrange(keys["due"], 0, -1) == ["e1"]
-        assert store.take("junk", "t1", "tok0").status is Take.UNKNOWN
+        assert store.take("junk", "t1", "tok0").status is TakeStatus.UNKNOWN
     finally:
         client.delete(*keys.values())
 
@@ -159,9 +159,9 @@ def test_a_park_claimed_or_taken_before_its_withdrawal_stands(
     plain.park("e1", make_entry("t1"), 0.0)
     (claim,) = plain.claim(0.0, 30.0, tokens(1)).items
     assert waiting.park("e1", make_entry("t1"), 0.0) is False  # known: it stands
-    assert plain.take("e1", "t1", claim.token).status is Take.TAKEN
+    assert plain.take("e1", "t1", claim.token).status is TakeStatus.TAKEN
     assert waiting.park("e1", make_entry("t1"), 0.0) is False
-    assert plain.take("e1", "t1", claim.token).status is Take.REDELIVERED
+    assert plain.take("e1", "t1", claim.token).status is TakeStatus.REDELIVERED
 
 
 # -- shards ----------------------------------------------------------------------------------
@@ -181,11 +181,13 @@ def test_a_sharded_store_spreads_entries_and_runs_each_once(on_redis: tuple[Any,
     assert store.claim(0.0, 30.0, tokens(300, 300)).items == []  # leased, in every shard
     assert store.release_all([(c.entry_id, c.token) for c in claimed], 600.0) == 200
     for c in claimed:
-        assert store.take(c.entry_id, f"t{c.entry_id[1:]}", c.token).status is Take.TAKEN
-        assert store.take(c.entry_id, f"t{c.entry_id[1:]}", c.token).status is Take.REDELIVERED
+        assert store.take(c.entry_id, f"t{c.entry_id[1:]}", c.token).status is TakeStatus.TAKEN
+        assert (
+            store.take(c.entry_id, f"t{c.entry_id[1:]}", c.token).status is TakeStatus.REDELIVERED
+        )
     assert store.depth() == 0
-    assert store.take("e1", "t1", "9.9/tok").status is Take.UNKNOWN  # no such shard
-    assert store.take("e1", "t1", "4.7/tok").status is Take.UNKNOWN
+    assert store.take("e1", "t1", "9.9/tok").status is TakeStatus.UNKNOWN  # no such shard
+    assert store.take("e1", "t1", "4.7/tok").status is TakeStatus.UNKNOWN
 
 
 def test_entries_of_another_shard_count_are_released_across_the_change(
@@ -201,18 +203,18 @@ def test_entries_of_another_shard_count_are_released_across_the_change(
     assert in_flight.token == "legacy"  # the first shard's tokens name no shard
     one.park("old2", make_entry("t-old2"), 0.0)
     four.park("new", make_entry("t-new"), 0.0)  # registers the 4 shards
-    assert four.take("old", "t-old", in_flight.token).status is Take.TAKEN
+    assert four.take("old", "t-old", in_flight.token).status is TakeStatus.TAKEN
     claimed = {c.entry_id: c for c in four.claim(0.0, 30.0, tokens(5)).items}
     assert sorted(claimed) == ["new", "old2"]
-    assert four.take("old2", "t-old2", claimed["old2"].token).status is Take.TAKEN
+    assert four.take("old2", "t-old2", claimed["old2"].token).status is TakeStatus.TAKEN
     # back to one shard: a worker of the old setting finds the 4 shards registered
     four.park("new2", make_entry("t-new2"), 0.0)
     back = RedisDelayStore(client, prefix)
     assert back.depth() == 2
     (again,) = back.claim(0.0, 30.0, tokens(5, 5)).items
     assert again.entry_id == "new2" and again.token.startswith("4.")
-    assert back.take("new", "t-new", claimed["new"].token).status is Take.TAKEN
-    assert back.take("new2", "t-new2", again.token).status is Take.TAKEN
+    assert back.take("new", "t-new", claimed["new"].token).status is TakeStatus.TAKEN
+    assert back.take("new2", "t-new2", again.token).status is TakeStatus.TAKEN
     assert back.depth() == four.depth() == 0
 
 
@@ -255,7 +257,7 @@ def test_a_herd_is_claimed_ahead_of_its_time_at_the_workers_pace(store: DelaySto
     assert store.claim(1.0, 30.0, tokens(100, 200), 200.0, 10, 0.1).items == []  # 60 in flight
     for c in herd[:55]:
         task_id = ("t" if c.entry_id[0] == "h" else "ts") + c.entry_id[1:]
-        assert store.take(c.entry_id, task_id, c.token).status is Take.TAKEN
+        assert store.take(c.entry_id, task_id, c.token).status is TakeStatus.TAKEN
     late = store.claim(1.0, 30.0, tokens(100, 300), 200.0, 10, 0.1).items  # 5 in flight
     assert sorted(c.entry_id for c in late) == sorted(f"late{i}" for i in range(10))
 
@@ -297,17 +299,17 @@ def test_purge_drops_a_queues_entries_in_every_state_but_taken(store: DelayStore
     claims = {c.entry_id: c for c in store.claim(0.5, 30.0, tokens(5)).items}
     assert sorted(claims) == ["claimed", "released", "taken"]
     assert store.release("released", claims["released"].token, 600.0) is True
-    assert store.take("taken", "t-taken", claims["taken"].token).status is Take.TAKEN
+    assert store.take("taken", "t-taken", claims["taken"].token).status is TakeStatus.TAKEN
 
     selection = Selection(queues=frozenset({"a"}), routes=frozenset({("x", "k")}))
     assert store.purge(selection) == Purged(parked=2, on_their_way=2, kept=1)
     assert store.depth() == 2 and sorted(store.summary()) == ["tasks.add"]
     assert store.summary()["tasks.add"].parked == 2
     for eid in ("claimed", "released"):  # a copy out there, or published by a late mover
-        assert store.take(eid, f"t-{eid}", claims[eid].token).status is Take.PURGED
-        assert store.take(eid, f"t-{eid}", "forged").status is Take.UNKNOWN
+        assert store.take(eid, f"t-{eid}", claims[eid].token).status is TakeStatus.PURGED
+        assert store.take(eid, f"t-{eid}", "forged").status is TakeStatus.UNKNOWN
     assert store.release("claimed", claims["claimed"].token, 600.0) is False  # the late mover
-    assert store.take("taken", "t-taken", claims["taken"].token).status is Take.REDELIVERED
+    assert store.take("taken", "t-taken", claims["taken"].token).status is TakeStatus.REDELIVERED
     assert store.park("parked", routed("t-parked", "a"), 0.0) is False  # delivered again: known
     assert store.hurry("parked") is False
     later = store.claim(7200.0, 30.0, tokens(9, 10)).items
@@ -326,7 +328,7 @@ def test_purge_by_task_name_drops_a_tasks_entries_whatever_their_queue(
     (claim,) = store.claim(0.5, 30.0, tokens(1)).items
     dropped = store.purge(Selection(tasks=frozenset({"tasks.add"})))
     assert dropped == Purged(parked=2, on_their_way=1) and dropped.dropped == 3
-    assert store.take("b1", "t2", claim.token).status is Take.PURGED
+    assert store.take("b1", "t2", claim.token).status is TakeStatus.PURGED
     assert list(store.summary()) == ["tasks.other"] and store.depth() == 1
     assert store.purge(Selection(tasks=frozenset({"tasks.none"}))) == Purged()
 

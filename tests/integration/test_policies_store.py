@@ -89,7 +89,7 @@ def test_several_limits_in_one_script_follow_the_pure_rule(bucket: GlobalTokenBu
     one sequence of calls: broad and per-key buckets, costs, a floor, shadow buckets."""
     import time
 
-    from celery_extras.limits.redis_bucket import Take
+    from celery_extras.limits.redis_bucket import LimitTake
     from tests.support.fake_global import FakeGlobal
 
     client = bucket.client
@@ -99,17 +99,17 @@ def test_several_limits_in_one_script_follow_the_pure_rule(bucket: GlobalTokenBu
         return seconds + micros / 1_000_000
 
     model = FakeGlobal(server_now)
-    broad = Take("t", "", 10.0, 2, 1)
-    per_key = Take("t#2", "a", 2.0, 1, 1, narrow=True)
+    broad = LimitTake("t", "", 10.0, 2, 1)
+    per_key = LimitTake("t#2", "a", 2.0, 1, 1, narrow=True)
     calls = [
         ([broad, per_key], [], 0.0),
         ([broad, per_key], [], 0.0),  # the key binds: it books, the broad one does not
-        ([broad, Take("t#2", "b", 2.0, 1, 1, narrow=True)], [], 0.0),
-        ([Take("t", "", 10.0, 2, 2), per_key], [], 0.0),  # cost 2
+        ([broad, LimitTake("t#2", "b", 2.0, 1, 1, narrow=True)], [], 0.0),
+        ([LimitTake("t", "", 10.0, 2, 2), per_key], [], 0.0),  # cost 2
         ([broad], [], 0.35),  # a worker limit asks 0.35 s: nothing booked but the narrow
-        ([broad], [Take("t#3", "", 1.0, 1, 1)], 0.0),  # admitted: the shadow one is taken
-        ([broad], [Take("t#3", "", 1.0, 1, 1)], 0.0),
-        ([Take("t", "", 10.0, 2, 0), per_key], [], 0.0),  # cost 0 in the broad one
+        ([broad], [LimitTake("t#3", "", 1.0, 1, 1)], 0.0),  # admitted: the shadow one is taken
+        ([broad], [LimitTake("t#3", "", 1.0, 1, 1)], 0.0),
+        ([LimitTake("t", "", 10.0, 2, 0), per_key], [], 0.0),  # cost 0 in the broad one
     ]
     for enforcing, shadow, floor in calls:
         real = bucket.acquire("t", enforcing, shadow, floor, tagged=True)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from celery_extras.bounds import MAX_WAIT
 from celery_extras.limits.all_of import admit_all
-from celery_extras.limits.redis_bucket import Acquired, Take
+from celery_extras.limits.redis_bucket import Acquired, LimitTake
 from celery_extras.limits.token_bucket import TokenBucket
 
 
@@ -21,7 +21,7 @@ class FakeGlobal:
         self.wait: float | None = None
         self.calls = 0
 
-    def bucket(self, take: Take) -> TokenBucket:
+    def bucket(self, take: LimitTake) -> TokenBucket:
         found = self.buckets.get((take.limit, take.key))
         if found is None:
             found = TokenBucket(take.rate, take.burst, self.clock)
@@ -31,8 +31,8 @@ class FakeGlobal:
     def acquire(
         self,
         task: str,
-        enforcing: Sequence[Take],
-        shadow: Sequence[Take] = (),
+        enforcing: Sequence[LimitTake],
+        shadow: Sequence[LimitTake] = (),
         floor: float = 0.0,
         tagged: bool = False,
     ) -> Acquired:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from celery_extras.coalesce.table import REMEMBER, CoalesceTable, Verdict
+from celery_extras.coalesce.table import REMEMBER, CoalesceTable, CoalesceVerdict
 
 KEY = ("tasks.reindex", "account-1")
 LEASE = 30.0
@@ -27,10 +27,14 @@ class Harness:
     now: Callable[[], float]
     advance: Callable[[float], None]
 
-    def ask(self, mid: str, holder: str, *, sent: float | None = None, lease: float = LEASE,
-            keep: str = "first", retries: int = 0, context: str = "") -> Verdict:  # fmt: skip
+    def ask(
+        self, mid: str, holder: str, *, sent: float | None = None, lease: float = LEASE,
+        keep: str = "first", retries: int = 0, context: str = "",
+    ) -> CoalesceVerdict:  # fmt: skip
         when = self.now() - 1.0 if sent is None else sent
-        verdict: Verdict = self.holds.ask(KEY, mid, when, holder, lease, keep, retries, context)
+        verdict: CoalesceVerdict = self.holds.ask(
+            KEY, mid, when, holder, lease, keep, retries, context
+        )
         return verdict
 
     def endings(self, mid: str, holder: str) -> dict[str, str] | None:
@@ -51,11 +55,11 @@ class Harness:
         return self.now()
 
 
-RUN, WAIT = Verdict("run"), Verdict("wait")
+RUN, WAIT = CoalesceVerdict("run"), CoalesceVerdict("wait")
 
 
-def covered(by: str) -> Verdict:
-    return Verdict("covered", by)
+def covered(by: str) -> CoalesceVerdict:
+    return CoalesceVerdict("covered", by)
 
 
 def queued_before_any_run_runs_once(h: Harness) -> None:

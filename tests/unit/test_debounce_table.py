@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from celery_extras.debounce.table import REMEMBER, DebounceTable, KeyState, Verdict, due_of
+from celery_extras.debounce.table import (
+    REMEMBER,
+    DebounceKey,
+    DebounceTable,
+    DebounceVerdict,
+    due_of,
+)
 
 KEY = ("tests.debounce.save", "account-1")
 OTHER = ("tests.debounce.save", "account-2")
@@ -35,9 +41,9 @@ class Harness:
 
     def ask(self, mid: str, holder: str, *, key: Hashable = KEY, wait: float = WAIT,
             max_wait: float | None = None, lease: float = LEASE, retries: int = 0,
-            context: str = "", sent: float | None = None) -> Verdict:  # fmt: skip
+            context: str = "", sent: float | None = None) -> DebounceVerdict:  # fmt: skip
         when = self.sent.setdefault(mid, self.now() if sent is None else sent)
-        verdict: Verdict = self.holds.ask(key, mid, when, holder, wait, max_wait, lease,
+        verdict: DebounceVerdict = self.holds.ask(key, mid, when, holder, wait, max_wait, lease,
                                           retries, context)  # fmt: skip
         return verdict
 
@@ -54,11 +60,11 @@ class Harness:
         return None if finished is None else sorted(finished.covered)
 
 
-RUN, WAITS = Verdict("run"), Verdict("wait")
+RUN, WAITS = DebounceVerdict("run"), DebounceVerdict("wait")
 
 
-def covered(by: str) -> Verdict:
-    return Verdict("covered", by)
+def covered(by: str) -> DebounceVerdict:
+    return DebounceVerdict("covered", by)
 
 
 def ten_messages_run_once_with_the_last(h: Harness) -> None:
@@ -319,7 +325,7 @@ class FakeClock:
         self.t += seconds
 
 
-def idle(state: KeyState) -> bool:
+def idle(state: DebounceKey) -> bool:
     """Nothing held, covered or waiting to be delivered again: at most the last run."""
     return state.empty() and not state.contexts
 

@@ -14,7 +14,7 @@ import pytest
 from celery_extras.delay.entry import Entry, entry_id
 from celery_extras.delay.memory_store import MemoryDelayStore
 from celery_extras.delay.mover import Mover
-from celery_extras.delay.store import Claim, Take
+from celery_extras.delay.store import Claim, TakeStatus
 from tests.support.clock import FakeClock
 
 
@@ -136,9 +136,9 @@ def test_take_runs_the_first_copy_once_and_drops_duplicates() -> None:
     clock.now += 0.5
     (second,) = store.claim(2.0, 0.5, tokens(1, 1)).items  # lease ended: published again
     taken = store.take("e1", "t1", second.token)
-    assert (taken.status, taken.due_in, taken.kind) == (Take.TAKEN, 1.5, "limit")
-    assert store.take("e1", "t1", first.token).status is Take.DUPLICATE
-    assert store.take("e1", "t1", second.token).status is Take.REDELIVERED
+    assert (taken.status, taken.due_in, taken.kind) == (TakeStatus.TAKEN, 1.5, "limit")
+    assert store.take("e1", "t1", first.token).status is TakeStatus.DUPLICATE
+    assert store.take("e1", "t1", second.token).status is TakeStatus.REDELIVERED
     assert store.depth() == 0
     assert store.claim(10.0, 5.0, tokens(1, 2)).items == []  # taken: never published again
     assert store.release("e1", second.token, 1.0) is False
@@ -152,8 +152,8 @@ def test_forged_or_unknown_messages_are_not_booked(entry: str, task_id: str, tok
     store = MemoryDelayStore(FakeClock())
     store.park("e1", make_entry(), 0.0)
     store.claim(0.0, 5.0, tokens(1))
-    assert store.take(entry, task_id, token).status is Take.UNKNOWN
-    assert store.take("e1", "t1", "tok0").status is Take.TAKEN  # the real one still runs
+    assert store.take(entry, task_id, token).status is TakeStatus.UNKNOWN
+    assert store.take("e1", "t1", "tok0").status is TakeStatus.TAKEN  # the real one still runs
 
 
 def test_tombstones_are_pruned_after_their_ttl() -> None:

@@ -19,7 +19,7 @@ from celery_extras.delay import purge as purge_module
 from celery_extras.delay.gate import ArrivalGate
 from celery_extras.delay.memory_store import MemoryDelayStore
 from celery_extras.delay.purge import ParkedPurge, PurgingControl, drop_delayed, queue_selection
-from celery_extras.delay.store import Purged, Selection, Take, Taken
+from celery_extras.delay.store import Purged, Selection, Taken, TakeStatus
 from celery_extras.sync.client import DurableRevokes
 from tests.support.clock import FakeClock
 from tests.unit.test_delay_core import make_entry
@@ -89,7 +89,7 @@ def test_the_memory_store_purges_by_name_and_by_queue() -> None:
     (claim,) = store.claim(1.0, 30.0, ["tok"]).items
     assert store.purge(Selection(queues=frozenset({"other"}))) == Purged()
     assert store.purge(Selection(queues=frozenset({"q"}))) == Purged(parked=1, on_their_way=1)
-    assert store.take("e1", "t1", claim.token) == Taken(Take.PURGED, 0.0, "limit")
+    assert store.take("e1", "t1", claim.token) == Taken(TakeStatus.PURGED, 0.0, "limit")
     assert store.depth() == 0 and store.park("e2", make_entry("t2"), 0.0) is False
 
 
@@ -97,7 +97,7 @@ def test_the_gate_drops_and_counts_a_copy_of_a_purged_entry(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     parker = Mock()
-    parker.store.take.return_value = Taken(Take.PURGED, -1.0, "eta")
+    parker.store.take.return_value = Taken(TakeStatus.PURGED, -1.0, "eta")
     gate = ArrivalGate(Celery("t", set_as_current=False), parker, eta_store=True,
                        eta_threshold=30.0, store_retry=1.0)  # fmt: skip
     caplog.set_level("INFO", logger="celery_extras.delay.gate")
