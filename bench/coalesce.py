@@ -29,8 +29,8 @@ import redis
 from celery import Celery, Task, shared_task
 
 from celery_extras import coalesce
+from celery_extras.admission.sent import SENT_HEADER
 from celery_extras.coalesce.redis_holds import RedisHolds
-from celery_extras.coalesce.sent import SENT_HEADER
 from tests.support.brokers import REDIS_URL
 from tests.support.journal import Journal
 from tests.support.workers import wait_for

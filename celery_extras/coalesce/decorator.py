@@ -7,8 +7,8 @@ from typing import TypeVar
 
 from ..admission.decorators import recording
 from ..admission.registry import TaskPolicies
+from ..admission.sent import stamped_tasks
 from ..admission.spec import KeyFunc
-from .sent import coalesced_tasks
 from .spec import CoalesceSpec
 
 __all__ = ["coalesce"]
@@ -29,7 +29,7 @@ def coalesce(*, key: KeyFunc, keep: str = "first", lease: float = 30.0) -> Calla
 
     def build(name: str, _: TaskPolicies) -> CoalesceSpec:
         spec = CoalesceSpec.build(name, key, keep, lease)
-        coalesced_tasks.add(name)  # its producers stamp the send time
+        stamped_tasks.add(name)  # its producers stamp the send time
         return spec
 
     return recording("coalesce", build)

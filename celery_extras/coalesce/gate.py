@@ -47,6 +47,7 @@ from ..admission.covered import (
 )
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
 from ..admission.notices import ALL, Bucket, ReleaseNotices
+from ..admission.sent import sent_at
 from ..admission.spec import call_key
 from ..clock import monotonic, wall
 from ..delay.gate import DELAY_ATTR
@@ -54,7 +55,6 @@ from ..signals import task_coalesced
 from ..store.client import store_user
 from .holds import Holds
 from .runs import CoalesceHolding, RunHolds
-from .sent import sent_at
 from .spec import CoalesceSpec
 from .table import CoalesceFinished, CoalesceVerdict
 

@@ -3,19 +3,12 @@ the producer's send-time stamp, in one entry of ``celery_extras.policies.POLICIE
 
 from __future__ import annotations
 
-from celery import Celery
-from celery.signals import before_task_publish
-
 from ..admission.policy import Policy
+from ..admission.sent import connect_stamps
 from ..settings import Setting, choice
 from .gate import CoalesceGate
-from .sent import stamp_sent
 
 __all__ = ["COALESCE"]
-
-
-def _connect(app: Celery) -> None:
-    before_task_publish.connect(stamp_sent, weak=False, dispatch_uid="celery_extras.coalesce")
 
 
 COALESCE = Policy(
@@ -23,7 +16,7 @@ COALESCE = Policy(
     parks=True,
     decorator="coalesce()",
     gate=CoalesceGate,
-    connect=_connect,
+    connect=connect_stamps,
     info_key="coalesce",
     settings=(
         Setting(

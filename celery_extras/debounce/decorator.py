@@ -7,8 +7,8 @@ from typing import TypeVar
 
 from ..admission.decorators import recording
 from ..admission.registry import TaskPolicies
+from ..admission.sent import stamped_tasks
 from ..admission.spec import KeyFunc
-from .sent import debounced_tasks
 from .spec import DebounceSpec
 
 __all__ = ["debounce"]
@@ -32,7 +32,7 @@ def debounce(wait: float, *, key: KeyFunc, max_wait: float | None = None,
 
     def build(name: str, _: TaskPolicies) -> DebounceSpec:
         spec = DebounceSpec.build(name, wait, key, max_wait, lease)
-        debounced_tasks.add(name)  # its producers stamp the send time
+        stamped_tasks.add(name)  # its producers stamp the send time
         return spec
 
     return recording("debounce", build)

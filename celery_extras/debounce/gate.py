@@ -43,6 +43,7 @@ from .. import compat
 from ..admission.covered import CoveredEndings, CoveredMessage, context_of, encode_context
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
 from ..admission.notices import Bucket, ReleaseNotices
+from ..admission.sent import sent_at
 from ..admission.spec import call_key
 from ..clock import monotonic, wall
 from ..delay.capability import parking_uses
@@ -59,7 +60,6 @@ from .endings import (
     revoked_outcome,
 )
 from .holds import DebounceHolds, DebounceStore
-from .sent import sent_at
 from .spec import DebounceSpec
 from .table import DebounceFinished, DebounceVerdict
 

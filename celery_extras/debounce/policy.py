@@ -3,19 +3,12 @@ one entry of ``celery_extras.policies.POLICIES``."""
 
 from __future__ import annotations
 
-from celery import Celery
-from celery.signals import before_task_publish
-
 from ..admission.policy import Policy
+from ..admission.sent import connect_stamps
 from ..settings import Setting, choice
 from .gate import DebounceGate
-from .sent import stamp_sent
 
 __all__ = ["DEBOUNCE"]
-
-
-def _connect(app: Celery) -> None:
-    before_task_publish.connect(stamp_sent, weak=False, dispatch_uid="celery_extras.debounce")
 
 
 DEBOUNCE = Policy(
@@ -23,7 +16,7 @@ DEBOUNCE = Policy(
     parks=True,
     decorator="debounce()",
     gate=DebounceGate,
-    connect=_connect,
+    connect=connect_stamps,
     info_key="debounce",
     settings=(
         Setting(

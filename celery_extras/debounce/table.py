@@ -12,7 +12,7 @@ its holder. :meth:`DebounceTable.ask` decides for a message that reaches a worke
   quiet for ``wait`` (or ``max_wait`` after its first message); the *next* message then
   asks again, and runs (``"run"``) unless its key still runs (``"wait"``, until that run
   ends: a message that arrives while its key runs starts the next burst);
-* "last" is by send time (the producer's stamp, see :mod:`~celery_extras.debounce.sent`):
+* "last" is by send time (the producer's stamp, see :mod:`~celery_extras.admission.sent`):
   a message sent before the *next* one is covered by it (two workers may receive a
   burst's messages out of order), one sent before the run's own message by the run, and
   one sent before the last run's message, delivered after that run ended, by that run

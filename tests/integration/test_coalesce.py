@@ -24,8 +24,8 @@ from celery.result import AsyncResult
 # it reached a worker)
 import tests.support.tasks_canvas
 import tests.support.tasks_coalesce
+from celery_extras.admission.sent import SENT_HEADER
 from celery_extras.coalesce.redis_holds import RedisHolds
-from celery_extras.coalesce.sent import SENT_HEADER
 from celery_extras.store.client import redis_client, store_key
 from tests.integration.conftest import Cluster
 from tests.integration.test_stats_cli import extras

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from celery_extras import PolicyError, coalesce
-from celery_extras.coalesce.sent import SENT_HEADER, coalesced_tasks, sent_at, stamp_sent
+from celery_extras.admission.sent import SENT_HEADER, sent_at, stamp_sent, stamped_tasks
 from celery_extras.coalesce.spec import CoalesceSpec
 
 NOW = 1_800_000_000.0
@@ -42,8 +42,8 @@ def test_the_decorator_refuses_what_is_not_a_task() -> None:
         coalesce(key=key)(lambda: None)
 
 
-def test_a_producer_stamps_only_coalesced_tasks_and_keeps_a_first_stamp() -> None:
-    coalesced_tasks.add("proj.reindex")
+def test_a_producer_stamps_only_stamped_tasks_and_keeps_a_first_stamp() -> None:
+    stamped_tasks.add("proj.reindex")
     try:
         stamped: dict[str, Any] = {}
         stamp_sent(sender="proj.reindex", headers=stamped, clock=lambda: NOW)
@@ -55,7 +55,7 @@ def test_a_producer_stamps_only_coalesced_tasks_and_keeps_a_first_stamp() -> Non
         stamp_sent(sender="proj.reindex", headers=again, clock=lambda: NOW)
         assert again == {SENT_HEADER: NOW - 60}  # published again: the first send counts
     finally:
-        coalesced_tasks.discard("proj.reindex")
+        stamped_tasks.discard("proj.reindex")
 
 
 @pytest.mark.parametrize(

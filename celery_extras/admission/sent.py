@@ -1,10 +1,13 @@
-"""When a message was sent, as coalescing reads it: a header its producer stamps.
+"""When a message was sent: a header its producer stamps, for the policies that read it.
 
-A run covers the messages of its key sent before it started, so a worker needs each
-message's send time, not the order in which a prefetched batch reaches it. A producer
-with celery-extras installed stamps :data:`SENT_HEADER` (wall-clock seconds) on every
-message of a coalesced task; a message without one (``send_task`` from an app without
-celery-extras, a foreign producer) counts as sent when it reached the worker. A stamp
+A coalescing run covers the messages of its key sent before it started, and a debounced
+burst runs with its last message's arguments, the last one sent: so a worker needs each
+message's send time, not the order in which a prefetched batch (or two workers) take
+them. A producer with celery-extras installed stamps :data:`SENT_HEADER` (wall-clock
+seconds) on every message of a task in :data:`stamped_tasks` (each such policy's
+decorator adds its tasks: one stamp serves a task with both); a message without one
+(``send_task`` from an app without celery-extras, a foreign producer) counts as sent
+when it reached the worker. A stamp
 from the future (a forged header, a skewed clock) counts as now, and a message with an
 ETA as sent at its ETA: a run before the ETA does not do its work. No Celery import.
 """
@@ -15,15 +18,17 @@ from collections.abc import Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
+from celery.signals import before_task_publish
+
 from ..checks import is_number
 from ..clock import wall
 
-__all__ = ["SENT_HEADER", "coalesced_tasks", "sent_at", "stamp_sent"]
+__all__ = ["SENT_HEADER", "connect_stamps", "sent_at", "stamp_sent", "stamped_tasks"]
 
 SENT_HEADER = "extras_sent"
 
-#: Names of the tasks with ``coalesce()`` (filled by the decorator): their messages are stamped.
-coalesced_tasks: set[str] = set()
+#: Names of the tasks whose messages are stamped (filled by the decorators that read it).
+stamped_tasks: set[str] = set()
 
 
 def stamp_sent(
@@ -32,12 +37,18 @@ def stamp_sent(
     clock: Callable[[], float] = wall,
     **kwargs: Any,
 ) -> None:
-    """``before_task_publish`` receiver: stamp the send time on a coalesced task's message
-    (kept when already there: a message published again keeps its first send time)."""
-    if headers is None or sender not in coalesced_tasks:
+    """``before_task_publish`` receiver: stamp the send time on a message of a task in
+    :data:`stamped_tasks` (kept when already there: a message published again keeps its
+    first send time)."""
+    if headers is None or sender not in stamped_tasks:
         return
     if SENT_HEADER not in headers:
         headers[SENT_HEADER] = round(clock(), 6)
+
+
+def connect_stamps(app: Any = None) -> None:
+    """Stamp the messages every producer of this process publishes (once, whoever asks)."""
+    before_task_publish.connect(stamp_sent, weak=False, dispatch_uid="celery_extras.sent")
 
 
 def sent_at(headers: Any, eta: Any, now: float) -> float:
