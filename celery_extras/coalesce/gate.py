@@ -32,8 +32,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery import Celery, states
-from celery.exceptions import TaskRevokedError
+from celery import Celery
 from celery.signals import task_revoked
 
 from .. import compat
@@ -42,15 +41,14 @@ from ..admission.covered import (
     CoveredMessage,
     Outcome,
     context_of,
-    decode_context,
     encode_context,
 )
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
+from ..admission.key_runs import covered_messages, hurry, known_outcome, revoked_outcome
 from ..admission.notices import ALL, Bucket, ReleaseNotices
 from ..admission.sent import sent_at
 from ..admission.spec import call_key
 from ..clock import monotonic, wall
-from ..delay.gate import DELAY_ATTR
 from ..signals import task_coalesced
 from ..store.client import store_user
 from .holds import Holds
@@ -66,37 +64,6 @@ logger = logging.getLogger("celery_extras.coalesce")
 ASK_AGAIN = 1.0
 #: :attr:`Ticket.notes` key of a message's ending context (JSON text, made once)
 CONTEXT_NOTE = "coalesce.context"
-
-
-def _known(ticket: Ticket) -> Outcome:
-    """The outcome of *ticket*'s run as the worker saw it (for a task that stores no
-    result): its exception, else success (its return value stays in its pool process)."""
-    run_id = ticket.request.id
-    if isinstance(ticket.outcome, BaseException):
-        return Outcome(states.FAILURE, ticket.outcome, None, run_id)
-    if ticket.outcome is None and run_id in compat.worker_revoked():
-        return Outcome(states.REVOKED, TaskRevokedError("revoked"), None, run_id)
-    if ticket.outcome is None:
-        return Outcome(states.FAILURE, RuntimeError("the covering run ended unseen"), None, run_id)
-    return Outcome(states.SUCCESS, None, None, run_id)
-
-
-def covered_messages(done: CoalesceFinished) -> list[CoveredMessage]:
-    """The messages a finished (or dropped) run covered, each with its stored context."""
-    return [CoveredMessage(one, decode_context(done.contexts.get(one), one))
-            for one in done.covered]  # fmt: skip
-
-
-def hurry(consumer: Any, entry: str) -> None:
-    """Make a parked waiting run's entry due now (else it comes back when the run's lease
-    would have ended)."""
-    arrival = getattr(consumer, DELAY_ATTR, None)
-    if arrival is None:
-        return
-    try:
-        arrival.parker.store.hurry(entry)
-    except Exception as exc:
-        arrival.parker.store_failed("making a parked coalesced run due", exc)
 
 
 class CoalesceGate(Gate):
@@ -258,9 +225,9 @@ class CoalesceGate(Gate):
                                            holding.holder)  # fmt: skip
         if done is None:
             return
-        self._end_covered(ticket.name, ticket.request.id, done, _known(ticket))
+        self._end_covered(ticket.name, ticket.request.id, done, known_outcome(ticket))
         if done.parked:
-            hurry(self._consumer, done.parked)
+            hurry(self._consumer, done.parked, "a parked coalesced run")
         if holding.bucket in self.waiting:
             self.wake(holding.bucket)
 
@@ -294,7 +261,7 @@ class CoalesceGate(Gate):
         bucket = (name, call_key(name, spec.key, request, "coalesce", "key", logger))
         dropped: CoalesceFinished | None = self.holds.drop(bucket, task_id)
         if dropped is not None:
-            revoked = Outcome(states.REVOKED, TaskRevokedError("revoked"), None, task_id)
+            revoked = revoked_outcome(task_id)
             self._end_covered(name, task_id, dropped, revoked)
 
     def yielded(self, ticket: Ticket, seconds: float) -> None:

@@ -3,50 +3,23 @@ their lease while the run goes on, and stepped aside from when it leaves the wor
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..admission.gate import Ticket
-from ..admission.notices import Bucket
+from ..admission.key_runs import KeyHolding, renew_due
 from .holds import Holds
 
 __all__ = ["CoalesceHolding", "RunHolds"]
 
-logger = logging.getLogger("celery_extras.coalesce")
-
 
 @dataclass
-class CoalesceHolding:
-    """A hold of this worker: the run (or waiting run) of *bucket* under *holder*."""
+class CoalesceHolding(KeyHolding):
+    """A hold of this worker: the run (or waiting run) of *bucket* under *holder*; a
+    waiting run also knows the seconds left of the run's lease."""
 
-    bucket: Bucket
-    holder: str
-    lease: float
-    #: when it was last asked for (or renewed), and when to ask again (monotonic clock)
-    asked: float
-    next_ask: float = 0.0
-    #: a waiting run: when it started to wait here, and the seconds left of the run's lease
-    since: float = 0.0
     run_due: float = 0.0
-    #: a run whose hold ran out before renewal (another run of its key may have started)
-    lost: bool = False
-
-
-def _renewals_due(
-    holdings: Iterable[tuple[Ticket, CoalesceHolding]], now: float
-) -> dict[tuple[Bucket, str, float], list[str]]:
-    """The runs whose hold is due for renewal (every third of its lease), by bucket and
-    holder; each is marked renewed now."""
-    due: dict[tuple[Bucket, str, float], list[str]] = {}
-    for ticket, holding in holdings:
-        if not holding.lost and now - holding.asked >= holding.lease / 3:
-            due.setdefault((holding.bucket, holding.holder, holding.lease), []).append(
-                ticket.request.id
-            )
-            holding.asked = now
-    return due
 
 
 class RunHolds:
@@ -72,20 +45,7 @@ class RunHolds:
 
     def renew(self, now: float) -> None:
         """Renew the holds due; a hold that ran out before renewal is lost (logged)."""
-        for (bucket, holder, lease), ids in _renewals_due(self.runs.values(), now).items():
-            lost = self.holds.renew(bucket, ids, holder, lease)
-            if not lost:
-                continue
-            for _, holding in self.runs.values():
-                if holding.holder == holder:
-                    holding.lost = True  # renewed no more: its end frees nothing
-            self.lost += len(lost)
-            logger.error(
-                "celery-extras: the coalescing hold of %s ran past its lease (%.0f s) "
-                "before renewal (the worker was blocked or cut off from the store); "
-                "another run of its key may start",
-                bucket[0], lease,
-            )  # fmt: skip
+        self.lost += renew_due(self.runs.values(), now, self.holds.renew, "coalescing")
 
     def drop_unadmitted(self, admitted: Any) -> None:
         """The connection is lost: runs that had not reached the pool keep their hold for

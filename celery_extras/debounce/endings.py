@@ -1,55 +1,28 @@
 """What the debounce gate keeps about each hold of its worker (the messages it holds
-waiting, by bucket), and how a run's end reaches what it covered: the outcome the worker
-saw, the covered messages, a parked message hurried.
+waiting, by bucket), its runs' renewals and its figures; the rest of a key's runs is
+shared with coalescing (:mod:`celery_extras.admission.key_runs`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery import states
-from celery.exceptions import TaskRevokedError
-
-from .. import compat
-from ..admission.covered import CoveredMessage, Outcome, decode_context
 from ..admission.gate import Ticket
+from ..admission.key_runs import KeyHolding, renew_due
 from ..admission.notices import ALL, Bucket
-from ..delay.gate import DELAY_ATTR
 from .holds import DebounceHolds
-from .table import DebounceFinished
 
-__all__ = [
-    "DebounceHolding",
-    "Waiting",
-    "covered_messages",
-    "hurry",
-    "known_outcome",
-    "per_task",
-    "renew_runs",
-    "revoked_outcome",
-]
-
-logger = logging.getLogger("celery_extras.debounce")
+__all__ = ["DebounceHolding", "Waiting", "per_task", "renew_runs"]
 
 
 @dataclass
-class DebounceHolding:
-    """A hold of this worker: the run (or waiting message) of *bucket* under *holder*."""
+class DebounceHolding(KeyHolding):
+    """A hold of this worker: the run (or waiting message) of *bucket* under *holder*; a
+    waiting message also knows its wait when last asked."""
 
-    bucket: Bucket
-    holder: str
-    lease: float
-    #: when it was last asked for (or renewed), and when to ask again (the gate's clock)
-    asked: float
-    next_ask: float = 0.0
-    #: a waiting message: when it started to wait here, and its wait when last asked
-    since: float = 0.0
     waits: float = 0.0
-    #: a run whose hold ran out before renewal (another run of its key may have started)
-    lost: bool = False
 
 
 class Waiting:
@@ -99,58 +72,14 @@ class Waiting:
         return everything
 
 
-def revoked_outcome(run_id: str) -> Outcome:
-    """The outcome of a run Celery discarded before it ran."""
-    return Outcome(states.REVOKED, TaskRevokedError("revoked"), None, run_id)
-
-
-def known_outcome(ticket: Ticket) -> Outcome:
-    """The outcome of *ticket*'s run as the worker saw it (for a task that stores no
-    result): its exception, else success (its return value stays in its pool process)."""
-    run_id = ticket.request.id
-    if isinstance(ticket.outcome, BaseException):
-        return Outcome(states.FAILURE, ticket.outcome, None, run_id)
-    if ticket.outcome is None and run_id in compat.worker_revoked():
-        return revoked_outcome(run_id)
-    if ticket.outcome is None:
-        return Outcome(states.FAILURE, RuntimeError("the covering run ended unseen"), None, run_id)
-    return Outcome(states.SUCCESS, None, None, run_id)
-
-
-def covered_messages(done: DebounceFinished) -> list[CoveredMessage]:
-    """The messages *done* lists, each with its stored ending context (``None``: its result
-    only, as for an id whose holder had not confirmed it)."""
-    return [CoveredMessage(one, decode_context(done.contexts.get(one), one))
-            for one in done.covered]  # fmt: skip
-
-
 def renew_runs(holds: DebounceHolds, holdings: Iterable[tuple[Ticket, DebounceHolding]],
                now: float) -> int:  # fmt: skip
-    """Renew the runs whose hold is due (every third of its lease; each marked renewed now);
-    the holds that had run out (logged, and marked lost: their end frees nothing)."""
-    holdings = list(holdings)
-    due: dict[tuple[Bucket, str, float], list[str]] = {}
-    for ticket, holding in holdings:
-        if not holding.lost and now - holding.asked >= holding.lease / 3:
-            due.setdefault((holding.bucket, holding.holder, holding.lease), []).append(
-                ticket.request.id
-            )
-            holding.asked = now
-    count = 0
-    for (bucket, holder, lease), ids in due.items():
-        lost = holds.call(lambda h: h.renew(bucket, ids, holder, lease))  # noqa: B023
-        if not lost:
-            continue
-        for _, holding in holdings:
-            if holding.holder == holder:
-                holding.lost = True
-        count += len(lost)
-        logger.error(
-            "celery-extras: the debounce hold of %s ran past its lease (%.0f s) before "
-            "renewal (the worker was blocked or cut off from the store); another run of its "
-            "key may start", bucket[0], lease,
-        )  # fmt: skip
-    return count
+    """Renew the runs whose hold is due; the number whose hold had run out."""
+
+    def renew(bucket: Bucket, ids: list[str], holder: str, lease: float) -> list[str] | None:
+        return holds.call(lambda h: h.renew(bucket, ids, holder, lease))
+
+    return renew_due(holdings, now, renew, "debounce")
 
 
 def per_task(specs: Mapping[str, Any], holdings: Iterable[tuple[Ticket, DebounceHolding]],
@@ -164,15 +93,3 @@ def per_task(specs: Mapping[str, Any], holdings: Iterable[tuple[Ticket, Debounce
     for bucket, _, _ in waiting.named(ALL):
         tasks[bucket[0]]["waiting"] += 1
     return tasks
-
-
-def hurry(consumer: Any, entry: str) -> None:
-    """Make the parked next message's entry due now (else it comes back when its wait, or
-    the run's lease, would have ended)."""
-    arrival = getattr(consumer, DELAY_ATTR, None)
-    if arrival is None:
-        return
-    try:
-        arrival.parker.store.hurry(entry)
-    except Exception as exc:
-        arrival.parker.store_failed("making a parked debounced message due", exc)

@@ -1,0 +1,132 @@
+"""What a policy that holds a key for its run (coalescing, debounce) keeps in the worker:
+each hold, its lease renewed every third of the lease while the run goes on, and how
+the run's end reaches the messages it covered (the outcome the worker saw, each covered
+message with its stored context, a parked message made due now).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from celery import states
+from celery.exceptions import TaskRevokedError
+
+from .. import compat
+from ..delay.gate import DELAY_ATTR
+from .covered import CoveredMessage, Outcome, decode_context
+from .gate import Ticket
+from .notices import Bucket
+
+__all__ = [
+    "Covering",
+    "KeyHolding",
+    "covered_messages",
+    "hurry",
+    "known_outcome",
+    "renew_due",
+    "revoked_outcome",
+]
+
+logger = logging.getLogger("celery_extras.admission")
+
+#: ``renew(bucket, ids, holder, lease)``: the ids whose hold had run out (not renewed).
+Renew = Callable[[Bucket, list[str], str, float], Sequence[str] | None]
+
+
+@dataclass
+class KeyHolding:
+    """A hold of this worker: the run (or a waiting message) of *bucket* under *holder*."""
+
+    bucket: Bucket
+    holder: str
+    lease: float
+    #: when it was last asked for (or renewed), and when to ask again (the gate's clock)
+    asked: float
+    next_ask: float = 0.0
+    #: a waiting message: when it started to wait here
+    since: float = 0.0
+    #: a run whose hold ran out before renewal (another run of its key may have started)
+    lost: bool = False
+
+
+def renew_due(
+    holdings: Iterable[tuple[Ticket, KeyHolding]], now: float, renew: Renew, policy: str
+) -> int:
+    """Renew the runs whose hold is due (every third of its lease; each marked renewed
+    now), by bucket and holder: the number whose hold had run out (logged once per holder,
+    and marked lost: renewed no more, their end frees nothing)."""
+    holdings = list(holdings)
+    due: dict[tuple[Bucket, str, float], list[str]] = {}
+    for ticket, holding in holdings:
+        if not holding.lost and now - holding.asked >= holding.lease / 3:
+            due.setdefault((holding.bucket, holding.holder, holding.lease), []).append(
+                ticket.request.id
+            )
+            holding.asked = now
+    count = 0
+    for (bucket, holder, lease), ids in due.items():
+        lost = renew(bucket, ids, holder, lease)
+        if not lost:
+            continue
+        for _, holding in holdings:
+            if holding.holder == holder:
+                holding.lost = True
+        count += len(lost)
+        logger.error(
+            "celery-extras: the %s hold of %s ran past its lease (%.0f s) before renewal "
+            "(the worker was blocked or cut off from the store); another run of its key "
+            "may start",
+            policy, bucket[0], lease,
+        )  # fmt: skip
+    return count
+
+
+def revoked_outcome(run_id: str) -> Outcome:
+    """The outcome of a run Celery discarded before it ran."""
+    return Outcome(states.REVOKED, TaskRevokedError("revoked"), None, run_id)
+
+
+def known_outcome(ticket: Ticket) -> Outcome:
+    """The outcome of *ticket*'s run as the worker saw it (for a task that stores no
+    result): its exception, else success (its return value stays in its pool process)."""
+    run_id = ticket.request.id
+    if isinstance(ticket.outcome, BaseException):
+        return Outcome(states.FAILURE, ticket.outcome, None, run_id)
+    if ticket.outcome is None and run_id in compat.worker_revoked():
+        return revoked_outcome(run_id)
+    if ticket.outcome is None:
+        return Outcome(states.FAILURE, RuntimeError("the covering run ended unseen"), None, run_id)
+    return Outcome(states.SUCCESS, None, None, run_id)
+
+
+class Covering(Protocol):
+    """A finished (or dropped) run's answer from its store: the ids it covered, with the
+    ending context stored for each."""
+
+    @property
+    def covered(self) -> Sequence[str]: ...
+
+    @property
+    def contexts(self) -> Mapping[str, str]: ...
+
+
+def covered_messages(done: Covering) -> list[CoveredMessage]:
+    """The messages *done* covered, each with its stored ending context (``None``: its
+    result only, as for an id whose holder had not confirmed it)."""
+    return [CoveredMessage(one, decode_context(done.contexts.get(one), one))
+            for one in done.covered]  # fmt: skip
+
+
+def hurry(consumer: Any, entry: str, what: str) -> None:
+    """Make the parked message of *entry* (*what* it is) due now, else it comes back only
+    when its wait, or the run's lease, would have ended."""
+    arrival = getattr(consumer, DELAY_ATTR, None)
+    if arrival is None:
+        return
+    try:
+        arrival.parker.store.hurry(entry)
+    except Exception as exc:
+        arrival.parker.store_failed(f"making {what} due", exc)
