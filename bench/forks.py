@@ -36,7 +36,7 @@ the PATH or named by ``BENCH_PY_SPY``, of each of its processes.
 ``python -m bench forks [--starts N] [--tasks M] [--backlog B] [--only starts|mtpc]
 [--variants plain,extras] [--quick] [--plugins] [--slow-import S] [--logs DIR]``; under any virtual
 environment's Python (``.venv-celery56/bin/python -m bench forks``). ``--quick`` is
-``--starts 5 --tasks 200 --backlog 200`` (what ``tests/reliability/test_fork_safety.py``
+``--starts 5 --tasks 100 --backlog 100`` (what ``tests/reliability/test_fork_safety.py``
 runs).
 """
 
@@ -662,7 +662,7 @@ def _options(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="--starts 5 --tasks 200 --backlog 200 (the CI test's counts)",
+        help="--starts 5 --tasks 100 --backlog 100 (the CI test's counts)",
     )
     parser.add_argument(
         "--plugins",
@@ -687,7 +687,7 @@ def _options(argv: Sequence[str]) -> argparse.Namespace:
     )
     options = parser.parse_args(list(argv))
     if options.quick:
-        options.starts, options.tasks, options.backlog = 5, 200, 200
+        options.starts, options.tasks, options.backlog = 5, 100, 100
     return options
 
 

@@ -35,7 +35,7 @@ ETA_TASK = "tests.delay.eta_task"  # journals its tag
 LIMITED = "tests.delay.limited10"
 #: Seconds ahead the ETA tasks are sent: parked at once (threshold 2 s), and purged well
 #: before a mover claims them (1 s before they are due), even on a loaded machine.
-AHEAD = 30.0
+AHEAD = 20.0
 
 
 def eta_store(cluster: Cluster) -> None:

@@ -11,7 +11,7 @@ import redis
 
 from celery_extras.concurrency.redis_slots import RedisSlots
 from celery_extras.delay.redis_store import RedisDelayStore, delay_keys
-from celery_extras.limits.redis_bucket import GlobalTokenBucket, TakeStatus
+from celery_extras.limits.redis_bucket import GlobalTokenBucket, LimitTake
 from celery_extras.testing.clock import SimulatedClock
 from tests.support.brokers import REDIS_URL
 from tests.support.clock import simulated
@@ -54,7 +54,7 @@ def test_a_parked_entry_is_due_on_the_simulated_clock(
 
 def test_a_bucket_refills_on_the_simulated_clock(sim: SimulatedClock, client: redis.Redis) -> None:
     bucket = GlobalTokenBucket(client, client.prefix)  # type: ignore[attr-defined]
-    take = [TakeStatus("t", "", 1.0, 1, 1)]
+    take = [LimitTake("t", "", 1.0, 1, 1)]
     assert bucket.acquire("t", take).wait == 0.0
     assert bucket.acquire("t", take).wait == pytest.approx(1.0)  # the next second's token
     sim.advance(1.0)

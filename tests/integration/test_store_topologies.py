@@ -47,11 +47,11 @@ def test_bucket_books_burst_then_one_slot_per_interval(client: Any, prefix: str)
 
 def test_several_limits_of_a_task_share_one_slot_and_one_script(client: Any, prefix: str) -> None:
     """A task's buckets lie under its hash tag: on a cluster, one script books them all."""
-    from celery_extras.limits.redis_bucket import TakeStatus
+    from celery_extras.limits.redis_bucket import LimitTake
 
     bucket = GlobalTokenBucket(client, prefix)
-    takes = [TakeStatus("t", "", 10.0, 1, 1), TakeStatus("t#2", "a", 2.0, 1, 1, narrow=True),
-             TakeStatus("t#3", "b", 5.0, 1, 1, narrow=True)]  # fmt: skip
+    takes = [LimitTake("t", "", 10.0, 1, 1), LimitTake("t#2", "a", 2.0, 1, 1, narrow=True),
+             LimitTake("t#3", "b", 5.0, 1, 1, narrow=True)]  # fmt: skip
     first = bucket.acquire("t", takes, tagged=True)
     second = bucket.acquire("t", takes, tagged=True)
     assert (first.wait, first.booked) == (0.0, (True, True, True))

@@ -3,9 +3,10 @@ threads celery-extras starts are at work inherits no lock they held.
 
 The short version of ``python -m bench forks`` (see bench/forks.py), on celery-extras
 only: 5 worker starts with the mover and the sync threads busy, each probed until both
-pool processes have run tasks, and 200 tasks on a ``--max-tasks-per-child=1`` worker (a
-fork per task) while 200 parked ETA tasks are released and revokes are sent. No pool
-process may hang, every worker must stop on SIGTERM, and none of their processes be left.
+pool processes have run tasks, and 100 tasks on a ``--max-tasks-per-child=1`` worker (a
+fork per task) while 100 parked ETA tasks are released and revokes are sent. No pool
+process may hang, every worker must stop on SIGTERM within 15 s, and none of their
+processes be left.
 The workers start without the Flower plug-in of the ``dev`` extra (``bench/launch.py``:
 it loads the ``idna`` codec first, and the mover's first connection then takes no import
 lock while the pool forks), and their first import of ``encodings.idna`` is slowed to
@@ -46,17 +47,15 @@ def test_the_probe_sees_a_pool_process_that_never_runs_its_tasks(tmp_path: Path)
 @pytest.mark.scenario
 def test_worker_starts_leave_no_pool_process_hung(tmp_path: Path) -> None:
     (starts,) = forks.start_runs(5, (False,), logs=tmp_path, slow=SLOW, verbose=False)
-    bad = [s for s in starts.runs if s.hung or s.ready is None or s.left]
+    # a stop within 15 s of SIGTERM: a task handed to a pool process in the event loop's
+    # last turn made it 30 s longer (celery_extras.workarounds.PoolFlushGuard)
+    bad = [s for s in starts.runs if s.hung or s.ready is None or s.left or not s.clean_stop]
     assert not bad, "\n".join(map(repr, bad))
-    # a warm stop slower than the bench's 15 s is a figure here, not asserted: a known open
-    # problem (issue 33's note: a pool child waits in billiard's _ensure_messages_consumed
-    # for a result the parent never counts, after starts with worker-limited tasks flowing)
-    print(f"{sum(s.clean_stop for s in starts.runs)} of {len(starts.runs)} stopped on SIGTERM")
     assert all(s.processes == s.answered == 2 for s in starts.runs), starts.runs
 
 
 @pytest.mark.scenario
 def test_max_tasks_per_child_forks_hang_no_pool_process(tmp_path: Path) -> None:
-    churn = forks.mtpc_run(False, 200, 200, logs=tmp_path, slow=SLOW, verbose=False)
-    assert (churn.done, churn.hung, churn.backlog_ran) == (200, 0, 200), churn
+    churn = forks.mtpc_run(False, 100, 100, logs=tmp_path, slow=SLOW, verbose=False)
+    assert (churn.done, churn.hung, churn.backlog_ran) == (100, 0, 100), churn
     assert churn.clean_stop and churn.left == 0, churn
