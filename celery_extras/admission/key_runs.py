@@ -9,20 +9,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from celery import states
+from celery import Celery, states
 from celery.exceptions import TaskRevokedError
 
 from .. import compat
 from ..delay.gate import DELAY_ATTR
+from ..store.client import redis_client, store_key, store_safety, store_url
+from ..store.health import StoreUser
+from ..store.safety import COALESCING
 from .covered import CoveredMessage, Outcome, decode_context
 from .gate import Ticket
-from .notices import Bucket
+from .notices import Bucket, ReleaseNotices
 
 __all__ = [
     "Covering",
     "KeyHolding",
+    "KeyHolds",
     "covered_messages",
     "hurry",
     "known_outcome",
@@ -32,8 +36,70 @@ __all__ = [
 
 logger = logging.getLogger("celery_extras.admission")
 
+S = TypeVar("S")
+R = TypeVar("R")
+
 #: ``renew(bucket, ids, holder, lease)``: the ids whose hold had run out (not renewed).
 Renew = Callable[[Bucket, list[str], str, float], Sequence[str] | None]
+
+
+class KeyHolds(Generic[S]):
+    """Where one worker's holds of a policy are (*S*: what answers for them), and the one
+    way it calls them: the store's (``connect(client, prefix)``), shared by every worker,
+    through the store's health, or with no store this worker's own table (*local*).
+
+    A call answers ``None`` at once while the store is backing off after a failure, and a
+    :meth:`claim` too while the store may evict the holds (:mod:`celery_extras.store.safety`):
+    the gate then does what its ``on_store_error`` setting says. A hold's lease ends what a
+    lost call would have ended."""
+
+    def __init__(
+        self, app: Celery, health: StoreUser, local: S, connect: Callable[[Any, str], S]
+    ) -> None:
+        self.app = app
+        self.health = health
+        self.safety = store_safety(app)
+        #: the holds are the store's, shared by every worker (else this worker's table)
+        self.shared = store_url(app) is not None
+        self.local = local
+        self._connect = connect
+        self._store: S | None = None
+
+    @property
+    def store(self) -> S:
+        if self._store is None:
+            self._store = self._connect(redis_client(self.app), store_key(self.app))
+        return self._store
+
+    def claim(self, operation: Callable[[S], R]) -> R | None:
+        """*operation* (it may take a hold) on the holds; ``None`` when the
+        store cannot, or must not, answer."""
+        if self.shared and self.safety.evicts(COALESCING):
+            return None
+        return self.call(operation)
+
+    def call(self, operation: Callable[[S], R]) -> R | None:
+        """``operation(holds)``; ``None`` when the store is away."""
+        if not self.shared:
+            return operation(self.local)
+        if not self.health.up():
+            return None
+        try:
+            answer = operation(self.store)
+        except Exception as exc:
+            self.health.failed(exc)
+            return None
+        self.health.answered()
+        return answer
+
+    def listen(self, notices: ReleaseNotices) -> None:
+        """Have *notices* hear the runs that end with another waiting (shared holds only)."""
+        if not self.shared or notices.listening:
+            return
+        try:
+            notices.listen(self.store)  # type: ignore[arg-type]  # a NoticeSource
+        except Exception as exc:
+            self.health.failed(exc)
 
 
 @dataclass

@@ -156,7 +156,7 @@ class DebounceGate(Gate):
             return holds.ask(holding.bucket, request.id, sent, holding.holder, spec.wait,
                              spec.max_wait, spec.lease, retries, context)  # fmt: skip
 
-        return self.holds.ask(ask)
+        return self.holds.claim(ask)
 
     def _answer(
         self, ticket: Ticket, holding: DebounceHolding, verdict: DebounceVerdict, queued: bool

@@ -1,30 +1,23 @@
-"""The debounce holds a worker asks: the store's, through its health, or its own table.
-
-With a store, every call goes to :class:`~.redis_holds.RedisDebounce` unless the store
-is backing off after a failure, or may evict the holds (see
-:mod:`celery_extras.store.safety`: they are leased holds, as coalescing's); then the call
-answers ``None`` at once and the gate does what ``extras_debounce_on_store_error`` says.
-With no store at all, the holds are this worker's :class:`~.table.DebounceTable`.
+"""The debounce holds a worker asks: the store's, through its health, or its own table
+(:class:`~celery_extras.admission.key_runs.KeyHolds`); while the store cannot answer the
+gate does what ``extras_debounce_on_store_error`` says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from celery import Celery
 
-from ..admission.notices import Bucket, ReleaseNotices
+from ..admission.key_runs import KeyHolds
+from ..admission.notices import Bucket
 from ..clock import wall
-from ..store.client import redis_client, store_key, store_safety, store_url
 from ..store.health import StoreUser
-from ..store.safety import COALESCING
 from .redis_holds import RedisDebounce
 from .table import DebounceFinished, DebounceTable, DebounceVerdict
 
 __all__ = ["DebounceHolds", "DebounceStore"]
-
-R = TypeVar("R")
 
 
 class DebounceStore(Protocol):
@@ -51,52 +44,10 @@ class DebounceStore(Protocol):
               lease: float) -> list[str]: ...  # fmt: skip
 
 
-class DebounceHolds:
-    """Where one worker's debounce holds are, and the one way it calls them."""
+class DebounceHolds(KeyHolds[DebounceStore]):
+    """Where one worker's debounce holds are: the store's :class:`~.redis_holds.RedisDebounce`
+    or this worker's :class:`~.table.DebounceTable`."""
 
     def __init__(self, app: Celery, health: StoreUser,
                  wall: Callable[[], float] = wall) -> None:  # fmt: skip
-        self.app = app
-        self.health = health
-        self.safety = store_safety(app)
-        #: the holds are the store's, shared by every worker (else this worker's table)
-        self.shared = store_url(app) is not None
-        self.local = DebounceTable(wall)
-        self._store: RedisDebounce | None = None
-
-    @property
-    def store(self) -> RedisDebounce:
-        if self._store is None:
-            self._store = RedisDebounce(redis_client(self.app), store_key(self.app))
-        return self._store
-
-    def ask(self, operation: Callable[[DebounceStore], DebounceVerdict]) -> DebounceVerdict | None:
-        """*operation* (an ``ask``) on the holds; ``None`` when the store cannot (or must
-        not) answer."""
-        if self.shared and self.safety.evicts(COALESCING):
-            return None
-        return self.call(operation)
-
-    def call(self, operation: Callable[[DebounceStore], R]) -> R | None:
-        """``operation(holds)``; ``None`` when the store is away (a hold's lease ends what a
-        lost call would have ended)."""
-        if not self.shared:
-            return operation(self.local)
-        if not self.health.up():
-            return None
-        try:
-            answer = operation(self.store)
-        except Exception as exc:
-            self.health.failed(exc)
-            return None
-        self.health.answered()
-        return answer
-
-    def listen(self, notices: ReleaseNotices) -> None:
-        """Have *notices* hear the runs that end with a next message due (shared holds only)."""
-        if not self.shared or notices.listening:
-            return
-        try:
-            notices.listen(self.store)
-        except Exception as exc:
-            self.health.failed(exc)
+        super().__init__(app, health, DebounceTable(wall), RedisDebounce)
