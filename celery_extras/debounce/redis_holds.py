@@ -22,7 +22,7 @@ from .table import DebounceFinished, DebounceVerdict
 __all__ = ["SCRIPT", "RedisDebounce"]
 
 #: The one script of every operation (``scripts/debounce.lua``), after the server's time.
-SCRIPT = NOW + load("debounce")
+SCRIPT = NOW + load("key_holds") + load("debounce")
 
 
 def _ms(seconds: float) -> int:

@@ -1,4 +1,4 @@
--- Follows now_ms.lua. The rules of celery_extras/coalesce/table.py, for one key.
+-- Follows now_ms.lua and key_holds.lua. The rules of celery_extras/coalesce/table.py, for one key.
 -- KEYS[1]: the key's hash: run, wait (JSON {id, h (holder), u (lease end ms), c (cutoff ms),
 -- r (retries), e (the waiting run's delay-store entry, when parked)}), last (the last run
 -- that ended: JSON {id, c}), o (orphans, JSON list), b:<id> (the run covering <id>), n (task), k (key).
@@ -22,45 +22,7 @@
 --   renew   ARGV 4: lease ms, ids from ARGV 5 -> the ids whose hold had run out
 -- Each write sets the keys' TTL to the longest lease + a day (orphans wait that long).
 
-local h = KEYS[1]
-local x = h .. ':x'
-local op, mid, holder = ARGV[1], ARGV[2], ARGV[3]
-local DAY = 86400000
-local MAX_CONTEXT = 131072
-
--- A field that is not what this script wrote (garbage, a foreign write) reads as absent,
--- so a damaged key heals at its next write instead of failing every call.
-local function get(field)
-  local raw = redis.call('HGET', h, field)
-  if not raw then return nil end
-  local ok, v = pcall(cjson.decode, raw)
-  if ok and type(v) == 'table' then return v end
-  return nil
-end
-local function hold(field)
-  local v = get(field)
-  if not v or type(v.id) ~= 'string' or type(v.u) ~= 'number' then return nil end
-  if type(v.h) ~= 'string' then v.h = '' end
-  if type(v.c) ~= 'number' then v.c = 0 end
-  if type(v.r) ~= 'number' then v.r = 0 end
-  if type(v.e) ~= 'string' then v.e = nil end
-  return v
-end
-local function put(field, v)
-  if v then redis.call('HSET', h, field, cjson.encode(v)) else redis.call('HDEL', h, field) end
-end
-local orphans = {}
-for _, one in ipairs(get('o') or {}) do
-  if type(one) == 'string' then table.insert(orphans, one) end
-end
--- The ids *id* covers, forgotten here (its list and their b: fields).
-local function release(id)
-  local list = h .. ':c:' .. id
-  local ids = redis.call('LRANGE', list, 0, -1)
-  redis.call('DEL', list)
-  for _, one in ipairs(ids) do redis.call('HDEL', h, 'b:' .. one) end
-  return ids
-end
+local function hold(field) return held(field, {'c', 'r'}) end
 -- The contexts of *ids* ('' where none), taken out of the key.
 local function take_contexts(ids)
   local contexts = {}
@@ -78,9 +40,7 @@ local function orphan(id)
   table.insert(ids, id)
   for _, one in ipairs(ids) do
     redis.call('HDEL', h, 'b:' .. one)
-    local known = false
-    for _, o in ipairs(orphans) do if o == one then known = true end end
-    if not known then table.insert(orphans, one) end
+    if not orphaned(one) then table.insert(orphans, one) end
   end
 end
 

@@ -1,4 +1,4 @@
--- Follows now_ms.lua. The rules of celery_extras/debounce/table.py, for one key.
+-- Follows now_ms.lua and key_holds.lua. The rules of celery_extras/debounce/table.py, for one key.
 -- KEYS[1]: the key's hash: run (JSON {id, h (holder), u (lease end ms), s (sent ms),
 -- r (retries)}), next (the last message of the burst waiting: JSON {id, h, u, s, f (its
 -- burst's first arrival ms), d (due ms), e (its delay-store entry, when parked)}), last
@@ -25,51 +25,7 @@
 -- Each write sets the keys' TTL to the longest hold + a day (orphans, and the last run,
 -- are remembered that long).
 
-local h = KEYS[1]
-local x = h .. ':x'
-local op, mid, holder = ARGV[1], ARGV[2], ARGV[3]
-local DAY = 86400000
-local MAX_CONTEXT = 131072
-
--- A field that is not what this script wrote (garbage, a foreign write) reads as absent,
--- so a damaged key heals at its next write instead of failing every call.
-local function get(field)
-  local raw = redis.call('HGET', h, field)
-  if not raw then return nil end
-  local ok, v = pcall(cjson.decode, raw)
-  if ok and type(v) == 'table' then return v end
-  return nil
-end
-local function hold(field)
-  local v = get(field)
-  if not v or type(v.id) ~= 'string' or type(v.u) ~= 'number' then return nil end
-  if type(v.h) ~= 'string' then v.h = '' end
-  if type(v.s) ~= 'number' then v.s = 0 end
-  if type(v.r) ~= 'number' then v.r = 0 end
-  if type(v.f) ~= 'number' then v.f = 0 end
-  if type(v.d) ~= 'number' then v.d = 0 end
-  if type(v.e) ~= 'string' then v.e = nil end
-  return v
-end
-local function put(field, v)
-  if v then redis.call('HSET', h, field, cjson.encode(v)) else redis.call('HDEL', h, field) end
-end
-local orphans = {}
-for _, one in ipairs(get('o') or {}) do
-  if type(one) == 'string' then table.insert(orphans, one) end
-end
-local function orphaned(id)
-  for i, o in ipairs(orphans) do if o == id then return i end end
-  return nil
-end
--- The ids *id* covers, forgotten here (its list and their b: fields).
-local function release(id)
-  local list = h .. ':c:' .. id
-  local ids = redis.call('LRANGE', list, 0, -1)
-  redis.call('DEL', list)
-  for _, one in ipairs(ids) do redis.call('HDEL', h, 'b:' .. one) end
-  return ids
-end
+local function hold(field) return held(field, {'s', 'r', 'f', 'd'}) end
 local function orphan(id)
   local ids = release(id)
   table.insert(ids, id)
