@@ -2,7 +2,8 @@
 
 The redesign of issue #23 (one admission pipeline for limits and concurrency)
 must cost nothing on the hot paths: each row here is measured before and after
-it, on the same machine in one sitting, from the same bench code.
+it, on the same machine in one sitting, from the same bench code. Issue #37's rows
+follow (:mod:`.gates`): each gate's cost to a no-op task, and to the store.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from . import concurrency, policies, stats
+from . import concurrency, gates, policies, stats
 from .table import Row
 
 __all__ = ["measure"]
@@ -46,4 +47,4 @@ def measure() -> list[Row]:
     without, with_hooks = stats.hook_cost_us()
     rows.append(Row("stats hooks in one task's main-process path (in-process)", "us", without,
                     with_hooks, "-", True, runs=5))  # fmt: skip
-    return rows
+    return rows + gates.measure()

@@ -1,0 +1,242 @@
+"""``python -m bench gates``: what each gate costs a no-op task in the worker, and the store.
+
+A task with a policy pays for its gates in the worker's main process, the bottleneck of a
+Celery worker, and in the store (issue #37). Two prefork workers (``-c 2``, Redis broker),
+plain Celery and celery-extras, each started once and warmed; the store is a private
+``redis-server``, so that its ``INFO commandstats`` counts the gates' calls alone. For each
+task of :mod:`bench.gate_tasks` (each gate set so that it never binds), :data:`ROUNDS`
+alternating pairs of drains of :data:`BACKLOG` queued tasks, each worker draining alone
+(the other paused): plain Celery's no-op task, then the gated one. Figures: the best rate
+of each side and their ratio, and per admitted task the store's script calls (each one
+round trip: every store call of a gate is a script) and the Redis server's CPU time, the
+store's own background (timers, threads) measured while idle and taken off.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery.result import AsyncResult
+
+from tests.support import proj
+from tests.support.brokers import require_broker
+from tests.support.workers import WorkerProcess, wait_for
+
+from .table import Row
+
+__all__ = ["GATES", "StoreCounter", "measure"]
+
+INCLUDE = ("bench.gate_tasks",)
+PLAIN = "bench.gates.plain"
+#: (task, what it has, the target of its rate against plain Celery's)
+GATES: tuple[tuple[str, str, str], ...] = (
+    ("bench.gates.worker_limit", "limit(worker)", "-"),
+    ("bench.gates.global_limit", "limit(global)", ">= 0.93x plain"),
+    ("bench.gates.global_slots", "concurrency(global)", "-"),
+    ("bench.gates.coalesced", "coalesce(distinct keys)", "-"),
+    ("bench.gates.all_three", "limit + concurrency + coalesce", ">= 0.85x plain"),
+)
+BACKLOG = 2000
+ROUNDS = 3  # pairs of drains per gate: the best of each side
+WARM_UP = 200
+IDLE = 5.0  # s the idle store's background is counted over
+#: the commands that run a script (one round trip each)
+SCRIPTS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class StoreCounter:
+    """A private ``redis-server`` for the store, and what ``INFO commandstats`` counts on it."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        self.client = redis.Redis(port=self.port)
+        wait_for(self._up, timeout=30, what=f"redis-server on {self.port}")
+
+    def _up(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except redis.ConnectionError:
+            return False
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def totals(self) -> tuple[int, float]:
+        """Script calls served so far (each one round trip of a gate: every store call of a
+        gate is a script), and the server's CPU time (us, ``INFO cpu``: commandstats counts
+        a script's own commands again inside it)."""
+        stats = self.client.info("commandstats")
+        calls = sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in SCRIPTS)
+        cpu = self.client.info("cpu")
+        return calls, 1e6 * (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]))
+
+    def stop(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@dataclass
+class GateDrainer:
+    """One warmed worker that drains a backlog of one task queued while it did not consume."""
+
+    broker: str
+    plain: bool
+    logdir: Path
+    conf: dict[str, Any]
+    ns: str = field(default_factory=lambda: f"g{uuid.uuid4().hex[:10]}")
+
+    def __post_init__(self) -> None:
+        self.app = proj.make_app(self.broker, self.ns, self.conf, INCLUDE, plain=self.plain)
+        env = proj.worker_env(self.broker, self.ns, self.conf, INCLUDE, plain=self.plain)
+        name = "plain" if self.plain else "extras"
+        self.worker = WorkerProcess(name, env, self.logdir / f"{self.ns}.log", concurrency=2)
+
+    def start(self, tasks: list[str]) -> None:
+        """Start the worker, warm it with each of *tasks* (its pool, its connections, each
+        gate's scripts and buckets), then stop consuming."""
+        self.worker.start(timeout=60)
+        results = [self.app.send_task(task, args=(f"warm-{task}-{i}",))
+                   for task in tasks for i in range(WARM_UP // len(tasks) + 1)]  # fmt: skip
+        for result in results:
+            result.get(timeout=120)
+        self._consume(False)
+
+    def _consume(self, on: bool) -> None:
+        command = self.app.control.add_consumer if on else self.app.control.cancel_consumer
+        command(self.ns, destination=[self.worker.hostname], reply=True, timeout=5)
+
+    def queue(self, task: str, tasks: int) -> AsyncResult:
+        """Queue *tasks* of *task*, each with its own argument; the last one's result."""
+        tag = uuid.uuid4().hex[:8]
+        with self.app.producer_or_acquire() as producer:
+            for i in range(tasks - 1):
+                self.app.send_task(task, args=(f"{tag}-{i}",), ignore_result=True,
+                                   producer=producer)  # fmt: skip
+        return self.app.send_task(task, args=(f"{tag}-last",))
+
+    def drain(self, task: str, tasks: int, other: WorkerProcess) -> float:
+        """Seconds to drain *tasks* of *task* queued meanwhile, *other* paused."""
+        last = self.queue(task, tasks)
+        other.pause()
+        try:
+            start = time.monotonic()
+            self._consume(True)
+            last.get(timeout=300)
+            elapsed = time.monotonic() - start
+        finally:
+            other.resume()
+        self._consume(False)
+        return elapsed
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self.app.close()
+
+
+@dataclass
+class GateFigures:
+    task: str
+    label: str
+    target: str
+    plain: list[float] = field(default_factory=list)  # rates
+    extras: list[float] = field(default_factory=list)
+    commands: list[float] = field(default_factory=list)  # round trips per task, idle off
+    usec: list[float] = field(default_factory=list)
+
+    def ratio(self) -> float:
+        return max(self.extras) / max(self.plain)
+
+    def met(self) -> bool:
+        if not self.target.startswith(">="):
+            return True
+        return self.ratio() >= float(self.target.split()[1].rstrip("x"))
+
+
+def _background(store: StoreCounter) -> tuple[float, float]:
+    """Script calls and CPU us per second of the idle store (the workers' timers, threads)."""
+    calls, usec = store.totals()
+    time.sleep(IDLE)
+    calls2, usec2 = store.totals()
+    return (calls2 - calls) / IDLE, (usec2 - usec) / IDLE
+
+
+def run(broker_name: str = "redis", rounds: int = ROUNDS) -> list[GateFigures]:
+    broker = require_broker(broker_name)
+    figures = [GateFigures(task, label, target) for task, label, target in GATES]
+    with tempfile.TemporaryDirectory(prefix="bench-gates-") as tmp:
+        store = StoreCounter(Path(tmp))
+        conf: dict[str, Any] = {"worker_prefetch_multiplier": 16, "extras_redis_url": store.url}
+        plain = GateDrainer(broker, True, Path(tmp), {"worker_prefetch_multiplier": 16})
+        extras = GateDrainer(broker, False, Path(tmp), conf)
+        try:
+            plain.start([PLAIN])
+            extras.start([one.task for one in figures])
+            for _ in range(rounds):
+                for one in figures:
+                    one.plain.append(BACKLOG / plain.drain(PLAIN, BACKLOG, extras.worker))
+                    per_s, usec_per_s = _background(store)
+                    calls, usec = store.totals()
+                    seconds = extras.drain(one.task, BACKLOG, plain.worker)
+                    calls2, usec2 = store.totals()
+                    one.extras.append(BACKLOG / seconds)
+                    one.commands.append((calls2 - calls - per_s * seconds) / BACKLOG)
+                    one.usec.append((usec2 - usec - usec_per_s * seconds) / BACKLOG)
+        finally:
+            plain.stop()
+            extras.stop()
+            store.stop()
+    return figures
+
+
+def rows(figures: list[GateFigures], broker_name: str = "redis") -> list[Row]:
+    out = []
+    for one in figures:
+        commands, usec = min(one.commands), min(one.usec)
+        out.append(Row(
+            f"{BACKLOG:,} queued no-op tasks, {one.label}, prefork c=2, {broker_name}",
+            "tasks/s", max(one.plain), max(one.extras), one.target, one.met(), runs=len(one.plain),
+            note=f"store per task: {commands:.2f} round trips, {usec:.0f} us of Redis CPU",
+        ))  # fmt: skip
+    every = figures[-1]
+    usec, trips = min(every.usec), min(every.commands)
+    out.append(Row(
+        f"store round trips per task, {every.label}, {broker_name}", "trips", None, trips,
+        "<= 2 (1 on arrival, 1 at the end)", trips <= 2.0, runs=len(every.commands),
+        note="script calls (INFO commandstats) of a private store, its idle background off",
+    ))  # fmt: skip
+    out.append(Row(
+        f"Redis CPU per admitted task, {every.label}, {broker_name}", "us", None, usec, "-", True,
+        runs=len(every.usec),
+        note=f"one Redis core: ~{1e6 / usec:,.0f} admissions/s" if usec > 0 else "",
+    ))  # fmt: skip
+    return out
+
+
+def measure(argv: list[str] | None = None) -> list[Row]:
+    """Both brokers (the store is Redis either way)."""
+    return [row for name in ("redis", "rabbitmq") for row in rows(run(name), name)]
