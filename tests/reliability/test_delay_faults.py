@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster, restartable_cluster
+from tests.integration.conftest import MUTEX_EXPIRE, Cluster, restartable_cluster
 from tests.support.brokers import PrivateRedis, Restartable
 from tests.support.journal import Journal
 from tests.support.workers import WorkerProcess, wait_for
@@ -23,7 +23,11 @@ LIMITED = "tests.reliability.limited"  # 10/s, burst 2, global, acks_late, journ
 FAST_FAILOVER = {  # leases and Redis redelivery short, so a killed worker's share comes back
     "extras_limit_max_hold": 0.3,
     "extras_delay_lease": 2.0,
-    "broker_transport_options": {"visibility_timeout": 5, "unacked_restore_interval": 1},
+    "broker_transport_options": {
+        "visibility_timeout": 5,
+        "unacked_restore_interval": 1,
+        "unacked_mutex_expire": MUTEX_EXPIRE,
+    },
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster, restartable_cluster
+from tests.integration.conftest import MUTEX_EXPIRE, Cluster, restartable_cluster
 from tests.support.brokers import Restartable
 from tests.support.journal import Journal
 from tests.support.workers import WorkerProcess, wait_for
@@ -81,7 +81,11 @@ def kill_while_releasing(cluster: Cluster, journal: Journal, broker: Restartable
         extras_eta_threshold=2.0,
         extras_delay_lease=2.0,  # a killed mover's claims come back after 2 s
         extras_delay_batch=50,
-        broker_transport_options={"visibility_timeout": 5, "unacked_restore_interval": 1},
+        broker_transport_options={
+            "visibility_timeout": 5,
+            "unacked_restore_interval": 1,
+            "unacked_mutex_expire": MUTEX_EXPIRE,
+        },
     )
     workers = {name: cluster.worker(name) for name in ("w1", "w2")}
     ids, _due = send_herd(cluster, 3000, 20.0)

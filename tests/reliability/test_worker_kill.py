@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster, restartable_cluster
+from tests.integration.conftest import MUTEX_EXPIRE, Cluster, restartable_cluster
 from tests.support.brokers import Restartable
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
@@ -41,6 +41,7 @@ def kill_mid_run(cluster: Cluster, journal: Journal, broker: Restartable) -> Non
         broker_transport_options={  # Redis: hand a dead worker's messages back after 5 s
             "visibility_timeout": 5,
             "unacked_restore_interval": 1,
+            "unacked_mutex_expire": MUTEX_EXPIRE,
         },
     )
     send = cluster.app.send_task
