@@ -1,7 +1,7 @@
 """What a policy that holds a key for its run (coalescing, debounce) keeps in the worker:
 each hold, its lease renewed every third of the lease while the run goes on, and how
 the run's end reaches the messages it covered (the outcome the worker saw, each covered
-message with its stored context, a parked message made due now).
+message with its stored context).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from celery import Celery, states
 from celery.exceptions import TaskRevokedError
 
 from .. import compat
-from ..delay.gate import DELAY_ATTR
 from ..store.client import redis_client, store_key, store_safety, store_url
 from ..store.health import StoreUser
 from ..store.safety import COALESCING
@@ -28,7 +27,6 @@ __all__ = [
     "KeyHolding",
     "KeyHolds",
     "covered_messages",
-    "hurry",
     "known_outcome",
     "renew_due",
     "revoked_outcome",
@@ -184,15 +182,3 @@ def covered_messages(done: Covering) -> list[CoveredMessage]:
     result only, as for an id whose holder had not confirmed it)."""
     return [CoveredMessage(one, decode_context(done.contexts.get(one), one))
             for one in done.covered]  # fmt: skip
-
-
-def hurry(consumer: Any, entry: str, what: str) -> None:
-    """Make the parked message of *entry* (*what* it is) due now, else it comes back only
-    when its wait, or the run's lease, would have ended."""
-    arrival = getattr(consumer, DELAY_ATTR, None)
-    if arrival is None:
-        return
-    try:
-        arrival.parker.store.hurry(entry)
-    except Exception as exc:
-        arrival.parker.store_failed(f"making {what} due", exc)

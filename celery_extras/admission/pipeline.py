@@ -154,6 +154,17 @@ class Pipeline:
             self._left(ticket, seconds)
         return entry
 
+    def hurry(self, consumer: Any, entry: str, what: str) -> None:
+        """Make the parked message of *entry* (*what* it is) due now, else it comes back only
+        when its wait, or the run's lease, would have ended."""
+        arrival = getattr(consumer, DELAY_ATTR, None)
+        if arrival is None:
+            return
+        try:
+            arrival.parker.store.hurry(entry)
+        except Exception as exc:
+            arrival.parker.store_failed(f"making {what} due", exc)
+
     def _covered(self, ticket: Ticket) -> None:
         """Another run does *ticket*'s work: ack its message, forget the request."""
         compat.forget_held(ticket.request)

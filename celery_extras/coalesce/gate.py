@@ -44,7 +44,7 @@ from ..admission.covered import (
     encode_context,
 )
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
-from ..admission.key_runs import covered_messages, hurry, known_outcome, revoked_outcome
+from ..admission.key_runs import covered_messages, known_outcome, revoked_outcome
 from ..admission.notices import ALL, Bucket, ReleaseNotices
 from ..admission.sent import sent_at
 from ..admission.spec import call_key
@@ -227,7 +227,7 @@ class CoalesceGate(Gate):
             return
         self._end_covered(ticket.name, ticket.request.id, done, known_outcome(ticket))
         if done.parked:
-            hurry(self._consumer, done.parked, "a parked coalesced run")
+            self._pipeline.hurry(self._consumer, done.parked, "a parked coalesced run")
         if holding.bucket in self.waiting:
             self.wake(holding.bucket)
 

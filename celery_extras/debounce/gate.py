@@ -42,7 +42,7 @@ from celery.signals import task_revoked
 from .. import compat
 from ..admission.covered import CoveredEndings, CoveredMessage, context_of, encode_context
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
-from ..admission.key_runs import covered_messages, hurry, known_outcome, revoked_outcome
+from ..admission.key_runs import covered_messages, known_outcome, revoked_outcome
 from ..admission.notices import Bucket, ReleaseNotices
 from ..admission.sent import sent_at
 from ..admission.spec import call_key
@@ -238,7 +238,7 @@ class DebounceGate(Gate):
         self.endings.schedule(self._consumer, ticket.name, mid, covered_messages(done),
                               known=known_outcome(ticket))  # fmt: skip
         if done.parked:
-            hurry(self._consumer, done.parked, "a parked debounced message")
+            self._pipeline.hurry(self._consumer, done.parked, "a parked debounced message")
         if holding.bucket in self.waiting:
             self.wake(holding.bucket)
 
