@@ -18,18 +18,15 @@ import socket
 import subprocess
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import redis
-from celery.result import AsyncResult
 
-from tests.support import proj
 from tests.support.brokers import require_broker
-from tests.support.workers import WorkerProcess, wait_for
+from tests.support.workers import wait_for
 
+from .stats import Drainer
 from .table import Row
 
 __all__ = ["GATES", "StoreCounter", "measure"]
@@ -46,7 +43,6 @@ GATES: tuple[tuple[str, str, str], ...] = (
 )
 BACKLOG = 2000
 ROUNDS = 3  # pairs of drains per gate: the best of each side
-WARM_UP = 200
 IDLE = 5.0  # s the idle store's background is counted over
 #: the commands that run a script (one round trip each)
 SCRIPTS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
@@ -101,64 +97,6 @@ class StoreCounter:
 
 
 @dataclass
-class GateDrainer:
-    """One warmed worker that drains a backlog of one task queued while it did not consume."""
-
-    broker: str
-    plain: bool
-    logdir: Path
-    conf: dict[str, Any]
-    ns: str = field(default_factory=lambda: f"g{uuid.uuid4().hex[:10]}")
-
-    def __post_init__(self) -> None:
-        self.app = proj.make_app(self.broker, self.ns, self.conf, INCLUDE, plain=self.plain)
-        env = proj.worker_env(self.broker, self.ns, self.conf, INCLUDE, plain=self.plain)
-        name = "plain" if self.plain else "extras"
-        self.worker = WorkerProcess(name, env, self.logdir / f"{self.ns}.log", concurrency=2)
-
-    def start(self, tasks: list[str]) -> None:
-        """Start the worker, warm it with each of *tasks* (its pool, its connections, each
-        gate's scripts and buckets), then stop consuming."""
-        self.worker.start(timeout=60)
-        results = [self.app.send_task(task, args=(f"warm-{task}-{i}",))
-                   for task in tasks for i in range(WARM_UP // len(tasks) + 1)]  # fmt: skip
-        for result in results:
-            result.get(timeout=120)
-        self._consume(False)
-
-    def _consume(self, on: bool) -> None:
-        command = self.app.control.add_consumer if on else self.app.control.cancel_consumer
-        command(self.ns, destination=[self.worker.hostname], reply=True, timeout=5)
-
-    def queue(self, task: str, tasks: int) -> AsyncResult:
-        """Queue *tasks* of *task*, each with its own argument; the last one's result."""
-        tag = uuid.uuid4().hex[:8]
-        with self.app.producer_or_acquire() as producer:
-            for i in range(tasks - 1):
-                self.app.send_task(task, args=(f"{tag}-{i}",), ignore_result=True,
-                                   producer=producer)  # fmt: skip
-        return self.app.send_task(task, args=(f"{tag}-last",))
-
-    def drain(self, task: str, tasks: int, other: WorkerProcess) -> float:
-        """Seconds to drain *tasks* of *task* queued meanwhile, *other* paused."""
-        last = self.queue(task, tasks)
-        other.pause()
-        try:
-            start = time.monotonic()
-            self._consume(True)
-            last.get(timeout=300)
-            elapsed = time.monotonic() - start
-        finally:
-            other.resume()
-        self._consume(False)
-        return elapsed
-
-    def stop(self) -> None:
-        self.worker.stop()
-        self.app.close()
-
-
-@dataclass
 class GateFigures:
     task: str
     label: str
@@ -190,18 +128,17 @@ def run(broker_name: str = "redis", rounds: int = ROUNDS) -> list[GateFigures]:
     figures = [GateFigures(task, label, target) for task, label, target in GATES]
     with tempfile.TemporaryDirectory(prefix="bench-gates-") as tmp:
         store = StoreCounter(Path(tmp))
-        conf: dict[str, Any] = {"worker_prefetch_multiplier": 16, "extras_redis_url": store.url}
-        plain = GateDrainer(broker, True, Path(tmp), {"worker_prefetch_multiplier": 16})
-        extras = GateDrainer(broker, False, Path(tmp), conf)
+        plain = Drainer(broker, True, Path(tmp), INCLUDE)
+        extras = Drainer(broker, False, Path(tmp), INCLUDE, {"extras_redis_url": store.url})
         try:
-            plain.start([PLAIN])
-            extras.start([one.task for one in figures])
+            plain.start(warm=(PLAIN,))
+            extras.start(warm=tuple(one.task for one in figures))
             for _ in range(rounds):
                 for one in figures:
-                    one.plain.append(BACKLOG / plain.drain(PLAIN, BACKLOG, extras.worker))
+                    one.plain.append(BACKLOG / plain.drain(BACKLOG, extras.worker, PLAIN))
                     per_s, usec_per_s = _background(store)
                     calls, usec = store.totals()
-                    seconds = extras.drain(one.task, BACKLOG, plain.worker)
+                    seconds = extras.drain(BACKLOG, plain.worker, one.task)
                     calls2, usec2 = store.totals()
                     one.extras.append(BACKLOG / seconds)
                     one.commands.append((calls2 - calls - per_s * seconds) / BACKLOG)

@@ -138,35 +138,42 @@ def hook_cost_us(number: int = 200_000, repeat: int = 5) -> tuple[float, float]:
 
 
 def _total(app: Celery, worker: WorkerProcess) -> int:
+    """Tasks the worker ran, every task counted (``inspect stats``' ``total``)."""
     stats = app.control.inspect(destination=[worker.hostname], timeout=2).stats()
     if not stats or worker.hostname not in stats:
         return -1
-    return int(stats[worker.hostname].get("total", {}).get(TASK, 0))
+    return sum(int(n) for n in stats[worker.hostname].get("total", {}).values())
 
 
 @dataclass
 class Drainer:
-    """One warmed worker that drains a backlog queued while it did not consume."""
+    """One warmed worker that drains a backlog queued while it did not consume (of
+    :data:`TASK`, or of the *task* a drain names, among the tasks of *include*)."""
 
     broker: str
     plain: bool
     logdir: Path
+    include: tuple[str, ...] = INCLUDE
+    conf: dict[str, Any] = field(default_factory=dict)
     ns: str = field(default_factory=lambda: f"b{uuid.uuid4().hex[:10]}")
     done: int = 0
     seconds: float = 0.0
     rates: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        conf = {"worker_prefetch_multiplier": 16}
-        self.app = proj.make_app(self.broker, self.ns, conf, INCLUDE, plain=self.plain)
-        env = proj.worker_env(self.broker, self.ns, conf, INCLUDE, plain=self.plain)
+        conf = {"worker_prefetch_multiplier": 16, **self.conf}
+        self.app = proj.make_app(self.broker, self.ns, conf, self.include, plain=self.plain)
+        env = proj.worker_env(self.broker, self.ns, conf, self.include, plain=self.plain)
         name = "plain" if self.plain else "extras"
         self.worker = WorkerProcess(name, env, self.logdir / f"{self.ns}.log", concurrency=2)
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 60.0, warm: tuple[str, ...] = (TASK,)) -> None:
+        """Start the worker and warm it with each task of *warm* (the pool's processes,
+        both sides' connections, each gate's scripts and buckets), then stop consuming."""
         self.worker.start(timeout=timeout)
-        for i in range(WARM_UP):  # the pool's processes and both sides' connections warm
-            self.app.send_task(TASK, args=(i,), ignore_result=True)
+        for task in warm:
+            for i in range(WARM_UP // len(warm)):
+                self.app.send_task(task, args=(i,), ignore_result=True)
         wait_for(lambda: _total(self.app, self.worker) >= WARM_UP, timeout=timeout, what="warm-up")
         self._consume(False)
 
@@ -174,14 +181,16 @@ class Drainer:
         command = self.app.control.add_consumer if on else self.app.control.cancel_consumer
         command(self.ns, destination=[self.worker.hostname], reply=True, timeout=5)
 
-    def queue(self, tasks: int) -> AsyncResult:
-        """Queue *tasks* no-op tasks while the worker does not consume; the last one's result."""
+    def queue(self, tasks: int, task: str = TASK) -> AsyncResult:
+        """Queue *tasks* of *task*, each with its own argument, while the worker does not
+        consume; the last one's result."""
         for i in range(tasks - 1):
-            self.app.send_task(TASK, args=(i,), ignore_result=True)
-        return self.app.send_task(TASK, args=("last",))
+            self.app.send_task(task, args=(i,), ignore_result=True)
+        return self.app.send_task(task, args=("last",))
 
-    def drain(self, tasks: int, other: WorkerProcess) -> None:
-        last = self.queue(tasks)
+    def drain(self, tasks: int, other: WorkerProcess, task: str = TASK) -> float:
+        """Drain *tasks* of *task* queued meanwhile, *other* paused: the seconds it took."""
+        last = self.queue(tasks, task)
         other.pause()
         try:
             start = time.monotonic()
@@ -194,6 +203,7 @@ class Drainer:
         self.done += tasks
         self.seconds += elapsed
         self.rates.append(tasks / elapsed)
+        return elapsed
 
     def check(self) -> None:
         """Every task queued ran (the drains ended on the last one's result)."""
