@@ -7,9 +7,9 @@ them. A producer with celery-extras installed stamps :data:`SENT_HEADER` (wall-c
 seconds) on every message of a task in :data:`stamped_tasks` (each such policy's
 decorator adds its tasks: one stamp serves a task with both); a message without one
 (``send_task`` from an app without celery-extras, a foreign producer) counts as sent
-when it reached the worker. A stamp
-from the future (a forged header, a skewed clock) counts as now, and a message with an
-ETA as sent at its ETA: a run before the ETA does not do its work. No Celery import.
+when it reached the worker. A stamp from the future (a forged header, a skewed clock)
+counts as now, and a message with an ETA as sent at its ETA: a run before the ETA does
+not do its work. Of Celery, only the publish signal the stamp is connected to.
 """
 
 from __future__ import annotations

@@ -123,8 +123,8 @@ class CoalesceGate(Gate):
         spec = self.specs[ticket.name]
         request = ticket.request
         bucket = (ticket.name, call_key(ticket.name, spec.key, request, "coalesce", "key", logger))
-        holding = CoalesceHolding(bucket, f"{self.worker}:{uuid.uuid4().hex[:12]}", spec.lease,
-                          self.clock())  # fmt: skip
+        holder = f"{self.worker}:{uuid.uuid4().hex[:12]}"
+        holding = CoalesceHolding(bucket, holder, spec.lease, self.clock())
         verdict = self._ask(ticket, holding)
         if verdict is None:
             if self.on_store_error == "run":
@@ -221,8 +221,9 @@ class CoalesceGate(Gate):
         if ticket.retry_in is not None:
             self.runs.step_aside(ticket, holding, ticket.retry_in)
             return
-        done: CoalesceFinished | None = self.holds.finish(holding.bucket, ticket.request.id,
-                                           holding.holder)  # fmt: skip
+        done: CoalesceFinished | None = self.holds.finish(
+            holding.bucket, ticket.request.id, holding.holder
+        )
         if done is None:
             return
         self._end_covered(ticket.name, ticket.request.id, done, known_outcome(ticket))

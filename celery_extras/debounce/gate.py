@@ -129,8 +129,8 @@ class DebounceGate(Gate):
         spec = self.specs[ticket.name]
         bucket = (ticket.name, call_key(ticket.name, spec.key, ticket.request, "debounce", "key",
                                         logger))  # fmt: skip
-        holding = DebounceHolding(bucket, f"{self.worker}:{uuid.uuid4().hex[:12]}", spec.lease,
-                          self.clock())  # fmt: skip
+        holder = f"{self.worker}:{uuid.uuid4().hex[:12]}"
+        holding = DebounceHolding(bucket, holder, spec.lease, self.clock())
         verdict = self._ask(ticket, holding)
         if verdict is None:
             if self.on_store_error == "run":
