@@ -8,8 +8,9 @@ task of :mod:`bench.gate_tasks` (each gate set so that it never binds), :data:`R
 alternating pairs of drains of :data:`BACKLOG` queued tasks, each worker draining alone
 (the other paused): plain Celery's no-op task, then the gated one. Figures: the best rate
 of each side and their ratio, and per admitted task the store's script calls (each one
-round trip: every store call of a gate is a script) and the Redis server's CPU time, the
-store's own background (timers, threads) measured while idle and taken off.
+round trip: every store call of a gate is a script, but the rounds the worker's admission
+line wrote together, counted by the worker) and the Redis server's CPU time, the store's
+own background (timers, threads) measured while idle and taken off.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ GATES: tuple[tuple[str, str, float | None], ...] = (
 BACKLOG = 2000
 ROUNDS = 3  # pairs of drains per gate: the best of each side
 IDLE = 5.0  # s the idle store's background is counted over
+#: what the idle background, measured apart, may leave in a drain's script calls per task
+NOISE = 0.02
 #: the commands that run a script (one round trip each)
 SCRIPTS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
 
@@ -93,6 +96,14 @@ def _background(store: StoreCounter) -> tuple[float, float]:
     return (calls2 - calls) / IDLE, (usec2 - usec) / IDLE
 
 
+def _batched(drainer: Drainer) -> int:
+    """Script calls the worker's admission line saved so far: the rounds it sent that
+    went in the same write as another (``inspect stats``)."""
+    stats = drainer.app.control.inspect(destination=[drainer.worker.hostname], timeout=5).stats()
+    line = (stats or {}).get(drainer.worker.hostname, {}).get("extras_store_line", {})
+    return int(line.get("rounds", 0)) - int(line.get("writes", 0))
+
+
 def run(broker_name: str = "redis", rounds: int = ROUNDS) -> list[GateFigures]:
     broker = require_broker(broker_name)
     figures = [GateFigures(task, label, floor) for task, label, floor in GATES]
@@ -108,10 +119,12 @@ def run(broker_name: str = "redis", rounds: int = ROUNDS) -> list[GateFigures]:
                     one.plain.append(BACKLOG / plain.drain(BACKLOG, extras.worker, PLAIN))
                     per_s, usec_per_s = _background(store)
                     calls, usec = store.totals()
+                    batched = _batched(extras)
                     seconds = extras.drain(BACKLOG, plain.worker, one.task)
                     calls2, usec2 = store.totals()
+                    batched = _batched(extras) - batched
                     one.extras.append(BACKLOG / seconds)
-                    one.trips.append((calls2 - calls - per_s * seconds) / BACKLOG)
+                    one.trips.append((calls2 - calls - batched - per_s * seconds) / BACKLOG)
                     one.usec.append((usec2 - usec - usec_per_s * seconds) / BACKLOG)
         finally:
             plain.stop()
@@ -133,8 +146,10 @@ def rows(figures: list[GateFigures], broker_name: str = "redis") -> list[Row]:
     usec, trips = min(every.usec), min(every.trips)
     out.append(Row(
         f"store round trips per task, {every.label}, {broker_name}", "trips", None, trips,
-        "<= 2 (1 on arrival, 1 at the end)", trips <= 2.0, runs=len(every.trips),
-        note="script calls (INFO commandstats) of a private store, its idle background off",
+        "<= 2 (1 on arrival, 1 at the end)", trips <= 2.0 + NOISE, runs=len(every.trips),
+        note="script calls (INFO commandstats) of a private store, less those the admission "
+             "line wrote with another, its idle background (measured apart) off: within "
+             f"{NOISE} of a whole count",
     ))  # fmt: skip
     out.append(Row(
         f"Redis CPU per admitted task, {every.label}, {broker_name}", "us", None, usec, "-", True,

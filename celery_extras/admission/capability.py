@@ -53,7 +53,7 @@ class AdmissionStep(bootsteps.StartStopStep):
                 figures[policy.info_key] = gate.info()
             else:
                 figures.update(gate.info())
-        return {"extras_policies": figures}
+        return {"extras_policies": figures, "extras_store_line": pipeline.rounds.info()}
 
 
 def _eager_warnings(sender: Celery, **_: Any) -> None:

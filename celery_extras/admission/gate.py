@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..clock import monotonic
+from .store_round import NO_REPLY, StoreCall
 
 __all__ = [
     "COVERED",
@@ -106,6 +107,25 @@ class Ticket:
     #: how it ended, as the main process saw it: ``True`` (returned), the exception it
     #: raised, or ``None`` (not known: killed, revoked)
     outcome: Any = None
+    #: what the store answered the calls gates handed to one round (by gate label): a
+    #: reply, or the exception the round raised (see :mod:`.store_round`)
+    replies: dict[str, Any] = field(default_factory=dict)
+    #: the id each gate's store holds this request under, by gate label (see :meth:`holder`)
+    holders: dict[str, str] = field(default_factory=dict)
+
+    def holder(self, label: str, new: Callable[[], str]) -> str:
+        """Gate *label*'s holder id for this delivery (made by *new* on first use): every ask
+        of the delivery is made under it, so an ask that failed after the store did it (a
+        reply lost to a timeout) is asked again as the same holder, which the store knows,
+        not as another (coalescing would find the message covered by its own lost run)."""
+        holder = self.holders.get(label)
+        if holder is None:
+            holder = self.holders[label] = new()
+        return holder
+
+    def reply(self, label: str) -> Any:
+        """The round's reply to gate *label*'s call (taken: read once), or :data:`NO_REPLY`."""
+        return self.replies.pop(label, NO_REPLY) if self.replies else NO_REPLY
 
 
 class Gate:
@@ -133,7 +153,21 @@ class Gate:
         """The consumer started (or restarted after a lost connection)."""
 
     def admit(self, ticket: Ticket) -> Answer:
+        """Answer for *ticket*; a reply to :meth:`arrival_call` is :meth:`Ticket.reply`."""
         raise NotImplementedError
+
+    def arrival_call(self, ticket: Ticket) -> StoreCall | None:
+        """The store call :meth:`admit` makes first for an arriving *ticket*, as data (what
+        it chose for the call, such as a holder id, kept in the ticket's notes), so that the
+        pipeline makes it in one round with the other gates' calls; ``None`` when it would
+        make none, or none known before it is asked. Its predicate must say what
+        :meth:`admit` answers: it passes exactly when :meth:`admit` answers :data:`RUN`."""
+        return None
+
+    def ending_call(self, ticket: Ticket) -> StoreCall | None:
+        """The store call :meth:`finished` makes for *ticket*, as data (as
+        :meth:`arrival_call`), so that the endings of a task's gates are one round trip."""
+        return None
 
     def held(self, ticket: Ticket, answer: Hold, parked: bool) -> None:
         """The pipeline held *ticket* in the timer, or parked it, as *answer* asked."""

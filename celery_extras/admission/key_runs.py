@@ -21,12 +21,14 @@ from ..store.safety import COALESCING
 from .covered import CoveredMessage, Outcome, decode_context
 from .gate import Ticket
 from .notices import Bucket, ReleaseNotices
+from .spec import call_key
 
 __all__ = [
     "Covering",
     "KeyHolding",
     "KeyHolds",
     "covered_messages",
+    "discarded_key",
     "known_outcome",
     "renew_due",
     "revoked_outcome",
@@ -82,8 +84,18 @@ class KeyHolds(Generic[S]):
             return operation(self.local)
         if not self.health.up():
             return None
+        return self.read(lambda: operation(self.store))
+
+    def joins_rounds(self) -> bool:
+        """Whether a call may go in a round now (:mod:`.store_round`): the holds are the
+        store's, which may answer, and a :meth:`claim` would be made."""
+        return self.shared and not self.safety.evicts(COALESCING) and self.health.up()
+
+    def read(self, reading: Callable[[], R]) -> R | None:
+        """*reading* (a store call, or of a round's reply to one) with the store's health
+        told how it went: ``None`` when it failed."""
         try:
-            answer = operation(self.store)
+            answer = reading()
         except Exception as exc:
             self.health.failed(exc)
             return None
@@ -182,3 +194,17 @@ def covered_messages(done: Covering) -> list[CoveredMessage]:
     result only, as for an id whose holder had not confirmed it)."""
     return [CoveredMessage(one, decode_context(done.contexts.get(one), one))
             for one in done.covered]  # fmt: skip
+
+
+def discarded_key(app: Celery, specs: Mapping[str, Any], sender: Any, request: Any,
+                  policy: str) -> tuple[Bucket, str] | None:  # fmt: skip
+    """``task_revoked`` (Celery discarded a message: revoked, expired): the key of *policy*
+    (a spec of *specs*, with its ``key``) the message held and its id, when it is a task of
+    *app* with the policy; else ``None``."""
+    name = getattr(sender, "name", None)
+    task_id = getattr(request, "id", None)
+    if not isinstance(name, str) or name not in specs or getattr(sender, "app", None) is not app:
+        return None
+    if not isinstance(task_id, str):
+        return None
+    return (name, call_key(name, specs[name].key, request, policy, "key", logger)), task_id

@@ -27,6 +27,7 @@ from ..delay.gate import DELAY_ATTR
 from .covered import CoveredMessage, Outcome, context_of, end_covered
 from .gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Refuse, Ticket
 from .request_hook import request_hook
+from .rounds import Rounds
 from .waits import TimerHolds, park_message
 
 __all__ = ["PIPELINE_ATTR", "TICK", "AdmissionRefused", "Pipeline"]
@@ -56,6 +57,10 @@ class Pipeline:
         self.admitted: dict[int, Ticket] = {}
         self.epoch = 0  # stop() counts the connections lost
         self._tick_entry: Any = None
+        #: per task, the gates whose store calls go in one round: as it arrives, and as it ends
+        self.arrival_rounds: dict[str, tuple[Gate, ...]] = {}
+        self.ending_rounds: dict[str, tuple[Gate, ...]] = {}
+        self.rounds = Rounds()
 
     def gate(self, label: str) -> Any:
         return next(g for g in self.gates if g.label == label)
@@ -71,12 +76,16 @@ class Pipeline:
             self.heard.add(name)
         else:
             self.heard.discard(name)
+        listening = tuple(gate for gate in chain if gate.hears_endings)
+        _join(self.arrival_rounds, name, _leading(chain, "arrival_call"))
+        _join(self.ending_rounds, name, _leading(listening, "ending_call"))
         return bool(chain)
 
     def start(self, consumer: Any) -> None:
         hook = request_hook(consumer)
         hook.listen(finish=self.finished)
         hook.forget()  # the request classes of the strategies Celery built for a lost connection
+        self.rounds.start(consumer)
         for gate in self.gates:
             gate.start(self, consumer)
         if self._tick_entry is None:
@@ -84,7 +93,9 @@ class Pipeline:
 
     def stop(self) -> None:
         """Connection lost or shutting down: waiting requests are dropped (the broker
-        delivers their messages again); running ones keep what they hold until they end."""
+        delivers their messages again); running ones keep what they hold until they end.
+        Rounds on the line are answered first, as if they had been calls."""
+        self.rounds.close()
         self.epoch += 1  # ETA timers of the lost connection must not run its tasks
         self.holds.drop_all()
         for gate in self.gates:
@@ -112,7 +123,19 @@ class Pipeline:
         self._advance(ticket)
 
     def _advance(self, ticket: Ticket) -> None:
-        chain = self.chains[ticket.name]
+        arrival = self.arrival_rounds.get(ticket.name) if ticket.stage == 0 else None
+        if arrival and self.rounds.send(ticket, arrival, "arrival_call", self._onward):
+            return  # on the line: the gates are asked as its reply comes
+        self._onward(ticket)
+
+    def _onward(self, ticket: Ticket) -> None:
+        """Ask *ticket*'s gates from its stage on; every reply of its round must be read."""
+        self._ask(ticket, self.chains[ticket.name])
+        if ticket.replies:
+            _unread(ticket)
+
+    def _ask(self, ticket: Ticket, chain: tuple[Gate, ...]) -> None:
+        """Ask *ticket*'s gates from its stage on, until one keeps it or it goes to the pool."""
         while ticket.stage < len(chain):
             gate = chain[ticket.stage]
             answer = gate.admit(ticket)
@@ -125,7 +148,7 @@ class Pipeline:
                 self._covered(ticket)
                 return
             elif isinstance(answer, Refuse):
-                self._refused(ticket, answer.error)
+                _refuse(ticket, answer.error)
                 return
             else:
                 assert isinstance(answer, Hold)
@@ -170,23 +193,6 @@ class Pipeline:
         compat.forget_held(ticket.request)
         ticket.request.acknowledge()
 
-    def _refused(self, ticket: Ticket, error: str) -> None:
-        """*ticket* can never pass a gate: it fails with :class:`AdmissionRefused`, as a task
-        that raised it would (result, errbacks, the rest of its chain and its chord part
-        failed, ``task_failure``, event: :func:`~.covered.end_covered`'s failure), and its
-        message is acked."""
-        logger.error("celery-extras: %s[%s] refused: %s", ticket.name, ticket.request.id, error)
-        request, exc = ticket.request, AdmissionRefused(error)
-        compat.forget_held(request)
-        try:
-            ending = CoveredMessage(request.id, context_of(request))
-            failed = Outcome(states.FAILURE, exc, None, request.id)
-            end_covered(request.task.app, ticket.name, ending, failed)
-            request.send_event("task-failed", exception=repr(exc), traceback="")
-        except Exception:  # a result backend that fails: the message still goes
-            logger.exception("celery-extras: could not store the failure of %s", request.id)
-        request.acknowledge()
-
     def _wait(self, ticket: Ticket, gate: Gate, hold: Hold) -> None:
         """Hold *ticket* in the timer for the wait *gate* asked, or park it."""
         arrival = getattr(ticket.consumer, DELAY_ATTR, None)
@@ -230,9 +236,18 @@ class Pipeline:
             self.admitted[id(request)] = ticket
             return
         ticket.retry_in, ticket.outcome = retry_in, outcome
+        ending = self.ending_rounds.get(ticket.name)
+        if ending and self.rounds.send(ticket, ending, "ending_call", self._hear):
+            return  # on the line: the gates hear it as its reply comes
+        self._hear(ticket)
+
+    def _hear(self, ticket: Ticket) -> None:
+        """The gates *ticket* passed that listen hear its end; every reply must be read."""
         for gate in self.chains[ticket.name]:
             if gate.hears_endings:
                 gate.finished(ticket)
+        if ticket.replies:
+            _unread(ticket)
 
     def ended(self, ticket: Ticket, retry_in: float | None = None, outcome: Any = None) -> None:
         """*ticket*, kept by a gate that ran it itself (a batch), ended: the gates before
@@ -259,5 +274,54 @@ class Pipeline:
                     ticket.name, getattr(ticket.request, "id", "?"),
                 )  # fmt: skip
                 self.finished(ticket.request)
+        self.rounds.tick()
         for gate in self.gates:
             gate.tick()
+
+
+def _leading(gates: tuple[Gate, ...], asker: str) -> tuple[Gate, ...]:
+    """The first of *gates* up to the first that does not hand its calls over as data
+    (its *asker* is :class:`~.gate.Gate`'s own)."""
+    leading = []
+    for gate in gates:
+        if getattr(type(gate), asker) is getattr(Gate, asker):
+            break
+        leading.append(gate)
+    return tuple(leading)
+
+
+def _refuse(ticket: Ticket, error: str) -> None:
+    """*ticket* can never pass a gate: it fails with :class:`AdmissionRefused`, as a task
+    that raised it would (result, errbacks, the rest of its chain and its chord part
+    failed, ``task_failure``, event: :func:`~.covered.end_covered`'s failure), and its
+    message is acked."""
+    logger.error("celery-extras: %s[%s] refused: %s", ticket.name, ticket.request.id, error)
+    request, exc = ticket.request, AdmissionRefused(error)
+    compat.forget_held(request)
+    try:
+        ending = CoveredMessage(request.id, context_of(request))
+        failed = Outcome(states.FAILURE, exc, None, request.id)
+        end_covered(request.task.app, ticket.name, ending, failed)
+        request.send_event("task-failed", exception=repr(exc), traceback="")
+    except Exception:  # a result backend that fails: the message still goes
+        logger.exception("celery-extras: could not store the failure of %s", request.id)
+    request.acknowledge()
+
+
+def _unread(ticket: Ticket) -> None:
+    """A gate answered without reading the round's reply to its call (a call its
+    predicate let run although the gate before it did not let the task on): logged, as
+    the store did what that call asks."""
+    logger.error(
+        "celery-extras: %s[%s]: store replies unread by gates %s (a bug: their calls' "
+        "predicates do not match their gates' answers)",
+        ticket.name, ticket.request.id, ", ".join(sorted(ticket.replies)),
+    )  # fmt: skip
+    ticket.replies.clear()
+
+
+def _join(rounds: dict[str, tuple[Gate, ...]], name: str, gates: tuple[Gate, ...]) -> None:
+    if gates:
+        rounds[name] = gates
+    else:
+        rounds.pop(name, None)

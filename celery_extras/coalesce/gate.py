@@ -44,10 +44,16 @@ from ..admission.covered import (
     encode_context,
 )
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
-from ..admission.key_runs import covered_messages, known_outcome, revoked_outcome
+from ..admission.key_runs import (
+    covered_messages,
+    discarded_key,
+    known_outcome,
+    revoked_outcome,
+)
 from ..admission.notices import ALL, Bucket, ReleaseNotices
 from ..admission.sent import sent_at
 from ..admission.spec import call_key
+from ..admission.store_round import NO_REPLY, StoreCall
 from ..clock import monotonic, wall
 from ..signals import task_coalesced
 from ..store.client import store_user
@@ -64,6 +70,33 @@ logger = logging.getLogger("celery_extras.coalesce")
 ASK_AGAIN = 1.0
 #: :attr:`Ticket.notes` key of a message's ending context (JSON text, made once)
 CONTEXT_NOTE = "coalesce.context"
+
+
+#: What the holds are asked of a message: its id, when it was sent, its holder, lease,
+#: ``keep``, retries and ending context.
+Question = tuple[str, float, str, float, str, int, str]
+
+
+def new_holding(ticket: Ticket, spec: CoalesceSpec, worker: str, now: float) -> CoalesceHolding:
+    """A new hold of *ticket*'s key, under the delivery's holder id (of *worker*)."""
+    key = call_key(ticket.name, spec.key, ticket.request, "coalesce", "key", logger)
+    holder = ticket.holder(CoalesceGate.label, lambda: f"{worker}:{uuid.uuid4().hex[:12]}")
+    return CoalesceHolding((ticket.name, key), holder, spec.lease, now)
+
+
+def question(ticket: Ticket, spec: CoalesceSpec, holding: CoalesceHolding, wall: float
+             ) -> Question:  # fmt: skip
+    """What the holds are asked of *ticket* (its ending context encoded once, kept in its
+    notes); *wall*: the time now, for a message with no send-time stamp."""
+    request = ticket.request
+    headers = getattr(request.message, "headers", None) or {}
+    retries = headers.get("retries")
+    retries = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
+    sent = sent_at(headers, getattr(request, "eta", None), wall)
+    context = ticket.notes.get(CONTEXT_NOTE)
+    if context is None:
+        context = ticket.notes[CONTEXT_NOTE] = encode_context(context_of(request))
+    return (request.id, sent, holding.holder, spec.lease, spec.keep, retries, context)
 
 
 class CoalesceGate(Gate):
@@ -119,34 +152,31 @@ class CoalesceGate(Gate):
 
     # -- asking --------------------------------------------------------------------------------
 
+    def arrival_call(self, ticket: Ticket) -> StoreCall | None:
+        """The store's ask, when the holds are the store's and it may answer (hold noted)."""
+        if not self.holds.joins_rounds():
+            return None
+        holding = ticket.notes[self.label] = new_holding(ticket, self.specs[ticket.name],
+                                                         self.worker, self.clock())  # fmt: skip
+        return self.holds.ask_call(holding.bucket, *self._question(ticket, holding))
+
+    def _question(self, ticket: Ticket, holding: CoalesceHolding) -> Question:
+        """What the holds are asked of *ticket*, now."""
+        holding.asked = self.clock()
+        return question(ticket, self.specs[ticket.name], holding, self.wall())
+
     def admit(self, ticket: Ticket) -> Answer:
-        spec = self.specs[ticket.name]
-        request = ticket.request
-        bucket = (ticket.name, call_key(ticket.name, spec.key, request, "coalesce", "key", logger))
-        holder = f"{self.worker}:{uuid.uuid4().hex[:12]}"
-        holding = CoalesceHolding(bucket, holder, spec.lease, self.clock())
-        verdict = self._ask(ticket, holding)
+        holding = ticket.notes.pop(self.label, None) or new_holding(
+            ticket, self.specs[ticket.name], self.worker, self.clock())  # fmt: skip
+        reply = ticket.reply(self.label)  # the round's, asked as arrival_call put it
+        verdict = (self.holds.asked(reply) if reply is not NO_REPLY else
+                   self.holds.ask(holding.bucket, *self._question(ticket, holding)))  # fmt: skip
         if verdict is None:
             if self.on_store_error == "run":
                 self.counts["unheld"] += 1
                 return RUN
             return Hold(self.store_retry)
         return self._answer(ticket, holding, verdict, queued=False)
-
-    def _ask(self, ticket: Ticket, holding: CoalesceHolding) -> CoalesceVerdict | None:
-        """The holds' verdict on *ticket*, or ``None`` when the store cannot answer."""
-        spec = self.specs[ticket.name]
-        request = ticket.request
-        headers = getattr(request.message, "headers", None) or {}
-        retries = headers.get("retries")
-        retries = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
-        sent = sent_at(headers, getattr(request, "eta", None), self.wall())
-        context = ticket.notes.get(CONTEXT_NOTE)
-        if context is None:
-            context = ticket.notes[CONTEXT_NOTE] = encode_context(context_of(request))
-        holding.asked = self.clock()
-        return self.holds.ask(holding.bucket, request.id, sent, holding.holder, spec.lease,
-                              spec.keep, retries, context)  # fmt: skip
 
     def _answer(
         self, ticket: Ticket, holding: CoalesceHolding, verdict: CoalesceVerdict, queued: bool
@@ -176,7 +206,7 @@ class CoalesceGate(Gate):
         """Ask again for the waiting runs of *bucket* (every bucket for :data:`ALL`)."""
         for one in list(self.waiting) if bucket == ALL else [bucket]:
             for ticket, holding in list(self.waiting.get(one, ())):
-                verdict = self._ask(ticket, holding)
+                verdict = self.holds.ask(holding.bucket, *self._question(ticket, holding))
                 if verdict is None:
                     holding.next_ask = holding.asked + self.store_retry
                     continue
@@ -212,6 +242,13 @@ class CoalesceGate(Gate):
         """End the messages run *by* covered with its outcome (stored, else *known*)."""
         self.endings.schedule(self._consumer, name, by, covered_messages(done), known=known)
 
+    def ending_call(self, ticket: Ticket) -> StoreCall | None:
+        """The store's finish of a run that ended (not retrying), if the store may answer."""
+        holding = self.runs.get(ticket)
+        if holding is None or ticket.retry_in is not None or not self.holds.joins_rounds():
+            return None
+        return self.holds.finish_call(holding.bucket, ticket.request.id, holding.holder)
+
     def finished(self, ticket: Ticket) -> None:
         """The run ended: free its key (or keep it for its retry), copy its result to what
         it covered, and let this worker's waiting run of the key ask at once."""
@@ -222,7 +259,7 @@ class CoalesceGate(Gate):
             self.runs.step_aside(ticket, holding, ticket.retry_in)
             return
         done: CoalesceFinished | None = self.holds.finish(
-            holding.bucket, ticket.request.id, holding.holder
+            holding.bucket, ticket.request.id, holding.holder, ticket.reply(self.label)
         )
         if done is None:
             return
@@ -252,18 +289,13 @@ class CoalesceGate(Gate):
         """``task_revoked``: Celery discarded a message (revoked, expired). Were it the
         waiting run of its key (parked, so it never reached this gate), or a run between
         attempts, it goes, and what it covered resolves as it did (revoked)."""
-        name = getattr(sender, "name", None)
-        if name not in self.specs or getattr(sender, "app", None) is not self.app:
+        found = discarded_key(self.app, self.specs, sender, request, "coalesce")
+        if found is None:
             return
-        task_id = getattr(request, "id", None)
-        if not isinstance(task_id, str):
-            return
-        spec = self.specs[name]
-        bucket = (name, call_key(name, spec.key, request, "coalesce", "key", logger))
+        (bucket, task_id) = found
         dropped: CoalesceFinished | None = self.holds.drop(bucket, task_id)
         if dropped is not None:
-            revoked = revoked_outcome(task_id)
-            self._end_covered(name, task_id, dropped, revoked)
+            self._end_covered(bucket[0], task_id, dropped, revoked_outcome(task_id))
 
     def yielded(self, ticket: Ticket, seconds: float) -> None:
         holding = self.runs.pop(ticket)

@@ -6,12 +6,13 @@ gate does what ``extras_coalesce_on_store_error`` says.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from celery import Celery
 
 from ..admission.key_runs import KeyHolds
 from ..admission.notices import Bucket
+from ..admission.store_round import NO_REPLY, StoreCall
 from ..clock import wall
 from ..store.health import StoreUser
 from .redis_holds import RedisHolds
@@ -55,7 +56,27 @@ class Holds(KeyHolds[CoalesceHolds]):
         return self.claim(lambda h: h.ask(bucket, mid, sent, holder, lease, keep, retries,
                                           context))  # fmt: skip
 
-    def finish(self, bucket: Bucket, mid: str, holder: str) -> CoalesceFinished | None:
+    def ask_call(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
+                 keep: str, retries: int, context: str = "") -> StoreCall:  # fmt: skip
+        """The store's ask, as data (for a round: :meth:`joins_rounds`)."""
+        return self._redis().ask_call(bucket, mid, sent, holder, lease, keep, retries, context)
+
+    def finish_call(self, bucket: Bucket, mid: str, holder: str) -> StoreCall:
+        """The store's finish, as data (for a round: :meth:`joins_rounds`)."""
+        return self._redis().finish_call(bucket, mid, holder)
+
+    def _redis(self) -> RedisHolds:
+        return cast("RedisHolds", self.store)
+
+    def asked(self, reply: Any) -> CoalesceVerdict | None:
+        """The verdict in a round's *reply* to :meth:`ask_call`; ``None`` if the round failed."""
+        return self.read(lambda: RedisHolds.verdict(reply))
+
+    def finish(self, bucket: Bucket, mid: str, holder: str,
+               reply: Any = NO_REPLY) -> CoalesceFinished | None:  # fmt: skip
+        """The run ended (*reply*: a round's reply to :meth:`finish_call`, read instead)."""
+        if reply is not NO_REPLY:
+            return self.read(lambda: self._redis().finished(bucket, reply))
         return self.call(lambda h: h.finish(bucket, mid, holder))
 
     def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from ..admission.notices import Bucket, notice
+from ..admission.store_round import ALWAYS, StoreCall, answered
 from ..scripts import NOW, load, register
 from .table import CoalesceFinished, CoalesceVerdict
 
@@ -49,22 +50,44 @@ class RedisHolds:
         return f"{self.prefix}:coalesce:{{{digest}}}"
 
     def _call(self, bucket: Bucket, *args: Any) -> Any:
-        return self._script(keys=[self.hash_key(*bucket)], args=list(args))
+        return self._data(bucket, *args)()
+
+    def _data(self, bucket: Bucket, *args: Any, passes: str = ALWAYS) -> StoreCall:
+        return StoreCall(self._script, (self.hash_key(*bucket),), args, passes)
+
+    def ask_call(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
+                 keep: str, retries: int, context: str = "") -> StoreCall:  # fmt: skip
+        """:meth:`ask`'s script call, as data: it passes when the message runs."""
+        return self._data(bucket, "ask", mid, holder, int(sent * 1000), _ms(lease), keep,
+                          retries, *bucket, context, passes="reply[1] == 'run'")  # fmt: skip
 
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
             keep: str, retries: int, context: str = "") -> CoalesceVerdict:  # fmt: skip
         """What message *mid* (sent at *sent*, epoch seconds) does, keeping its ending
         *context* when covered (see :meth:`.table.ask`)."""
-        reply = self._call(bucket, "ask", mid, holder, int(sent * 1000), _ms(lease), keep,
-                           retries, *bucket, context)  # fmt: skip
+        return self.verdict(self.ask_call(bucket, mid, sent, holder, lease, keep, retries,
+                                          context)())  # fmt: skip
+
+    @staticmethod
+    def verdict(reply: Any) -> CoalesceVerdict:
+        """:meth:`ask`'s answer from its script's *reply* (raised if a round's error)."""
+        reply = answered(reply)
         due = int(reply[2]) / 1000 if len(reply) > 2 else 0.0
         ended = len(reply) > 3 and int(reply[3]) == 1
         return CoalesceVerdict(cast("Any", _text(reply[0])), _text(reply[1]), due, ended)
 
+    def finish_call(self, bucket: Bucket, mid: str, holder: str) -> StoreCall:
+        """:meth:`finish`'s script call, as data."""
+        return self._data(bucket, "finish", mid, holder)
+
     def finish(self, bucket: Bucket, mid: str, holder: str) -> CoalesceFinished | None:
         """Run *mid* ended: what it covered (a run waiting is told through the channel), or
         ``None`` when it was no longer the key's run."""
-        reply = self._call(bucket, "finish", mid, holder)
+        return self.finished(bucket, self.finish_call(bucket, mid, holder)())
+
+    def finished(self, bucket: Bucket, reply: Any) -> CoalesceFinished | None:
+        """:meth:`finish`'s answer from its script's *reply* (raised if a round's error)."""
+        reply = answered(reply)
         if not reply:
             return None
         if int(reply[0]):

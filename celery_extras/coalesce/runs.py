@@ -33,6 +33,10 @@ class RunHolds:
     def add(self, ticket: Ticket, holding: CoalesceHolding) -> None:
         self.runs[id(ticket.request)] = (ticket, holding)
 
+    def get(self, ticket: Ticket) -> CoalesceHolding | None:
+        found = self.runs.get(id(ticket.request))
+        return found[1] if found is not None else None
+
     def pop(self, ticket: Ticket) -> CoalesceHolding | None:
         found = self.runs.pop(id(ticket.request), None)
         return found[1] if found is not None else None

@@ -32,12 +32,13 @@ from .. import compat
 from ..admission.gate import QUEUED, RUN, Answer, Gate, Ticket
 from ..admission.notices import ALL, ReleaseNotices
 from ..admission.spec import call_key
+from ..admission.store_round import NO_REPLY, StoreCall
 from ..clock import monotonic
 from ..signals import task_concurrency_limited
 from ..store.client import redis_client, store_key, store_url, store_user
 from .redis_slots import RedisSlots
 from .slot_table import Bucket, SlotTable, WaitQueues
-from .slots import UNLIMITED, Grant, StoreSlots, TableSlots
+from .slots import UNLIMITED, Grant, StoreSlots, TableSlots, renew_due
 from .spec import ConcurrencySpec
 
 __all__ = ["MAX_RETRY", "SlotGate"]
@@ -112,13 +113,31 @@ class SlotGate(Gate):
 
     # -- taking slots --------------------------------------------------------------------------
 
+    def _bucket(self, ticket: Ticket) -> Bucket:
+        spec = self.specs[ticket.name]
+        return (ticket.name, call_key(ticket.name, spec.key, ticket.request, "concurrency",
+                                      "slots", logger))  # fmt: skip
+
+    def arrival_call(self, ticket: Ticket) -> StoreCall | None:
+        """A global slot's take, when the store answers and none of this worker's requests
+        of the bucket waits (they would go first): the bucket and holder id noted."""
+        spec = self.specs[ticket.name]
+        if spec.scope != "global" or not self._has_store or not self.health.up():
+            return None
+        bucket = self._bucket(ticket)
+        if self.queues.waiting(bucket):
+            return None
+        holder = ticket.holder(self.label, self.store.holder)
+        ticket.notes[self.label] = bucket
+        return self.store.acquire_call(bucket, holder, self.cap(ticket.name), spec.lease, False)
+
     def admit(self, ticket: Ticket) -> Answer:
         spec = self.specs[ticket.name]
-        bucket = (ticket.name, call_key(ticket.name, spec.key, ticket.request, "concurrency",
-                                        "slots", logger))  # fmt: skip
+        bucket = ticket.notes.pop(self.label, None) or self._bucket(ticket)
+        reply = ticket.reply(self.label)
         retry = None
-        if not self.queues.waiting(bucket):
-            grant, retry = self._take(bucket, more=False)
+        if reply is not NO_REPLY or not self.queues.waiting(bucket):  # a round asked: its take
+            grant, retry = self._take(ticket, bucket, more=False, reply=reply)
             if grant is not None:
                 self._granted(ticket, grant)
                 return RUN
@@ -134,14 +153,17 @@ class SlotGate(Gate):
             self._schedule(bucket, retry)
         return QUEUED
 
-    def _take(self, bucket: Bucket, more: bool) -> tuple[Grant | None, float]:
-        """A grant in *bucket*, or ``None`` and the seconds before asking again."""
+    def _take(self, ticket: Ticket, bucket: Bucket, more: bool,
+              reply: Any = NO_REPLY) -> tuple[Grant | None, float]:  # fmt: skip
+        """A grant in *bucket* for *ticket* (under its holder id: see :meth:`Ticket.holder`),
+        or ``None`` and the seconds before asking again; *reply*: a round's reply to the
+        take :meth:`arrival_call` made."""
+        holder = ticket.holder(self.label, self.store.holder)
         spec = self.specs[bucket[0]]
         cap = self.cap(bucket[0])
         source: Any = self.local
         if spec.scope == "global":
-            holder = self.store.holder()
-            wait = self.store.acquire(bucket, holder, cap, spec.lease, more)
+            wait = self.store.acquire(bucket, holder, cap, spec.lease, more, reply)
             if wait is not None:
                 if wait > 0:
                     return None, min(wait, MAX_RETRY)
@@ -151,7 +173,6 @@ class SlotGate(Gate):
             if self.on_store_error == "delay":
                 return None, self.store_retry
             source = self.fallback
-        holder = self.store.holder()
         wait = source.acquire(bucket, holder, cap, spec.lease)
         if wait > 0:
             return None, min(wait, MAX_RETRY)
@@ -163,13 +184,24 @@ class SlotGate(Gate):
 
     # -- freeing slots -------------------------------------------------------------------------
 
+    def ending_call(self, ticket: Ticket) -> StoreCall | None:
+        """A global slot's release, when no request of this worker waits for it (it would
+        be handed over) and the store answers."""
+        grant = self.grants.get(id(ticket.request))
+        if grant is None or grant.source is not self.store or not self.health.up():
+            return None
+        return None if self.queues.waiting(grant.bucket) else self.store.release_call(grant)
+
     def finished(self, ticket: Ticket) -> None:
         """*ticket*'s request ended: free its slot and let the next in its bucket in."""
         grant = self.grants.pop(id(ticket.request), None)
         if grant is None:
             return
         self.counts["released"] += 1
-        if grant.source is self.store and self.queues.waiting(grant.bucket) and self.health.up():
+        reply = ticket.reply(self.label)
+        if reply is not NO_REPLY:
+            self.store.release(grant, reply)
+        elif grant.source is self.store and self.queues.waiting(grant.bucket) and self.health.up():
             if self._hand_over(grant):
                 return
         else:
@@ -182,7 +214,7 @@ class SlotGate(Gate):
         ticket = self.queues.pop(grant.bucket)
         assert ticket is not None
         spec = self.specs[grant.bucket[0]]
-        holder = self.store.holder()
+        holder = ticket.holder(self.label, self.store.holder)
         more = self.queues.waiting(grant.bucket) > 0
         if not self.store.hand_over(grant, holder, self.cap(grant.bucket[0]), spec.lease, more):
             self.queues.push_front(grant.bucket, ticket)
@@ -202,7 +234,7 @@ class SlotGate(Gate):
                 if bucket in self.store.tickets:
                     self.store.leave(bucket)
                 return
-            grant, retry = self._take(bucket, more=self.queues.waiting(bucket) > 0)
+            grant, retry = self._take(ticket, bucket, more=self.queues.waiting(bucket) > 0)
             if grant is None:
                 self.queues.push_front(bucket, ticket)
                 self._schedule(bucket, retry)
@@ -232,27 +264,18 @@ class SlotGate(Gate):
     # -- renewal -------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Renew the leases due (every third of the lease) and keep this worker's tickets."""
-        now = self.clock()
-        due: dict[tuple[Bucket, Any], list[Grant]] = {}
-        for grant in self.grants.values():
-            if now - grant.renewed >= grant.lease / 3:
-                due.setdefault((grant.bucket, grant.source), []).append(grant)
-        for (bucket, source), grants in due.items():
-            lost = source.renew(bucket, [g.holder for g in grants], grants[0].lease)
-            if lost is None:
-                continue  # the store was not asked: renewed at the next tick
-            for grant in grants:
-                grant.renewed = now
-            if lost:
-                self.counts["lost_leases"] += len(lost)
-                logger.error(
-                    "celery-extras: %d concurrency slot(s) of %s ran past their lease (%.0f s) "
-                    "before renewal and were reclaimed (the worker was blocked or cut off from "
-                    "the store); their tasks keep running",
-                    len(lost), bucket[0], grants[0].lease,
-                )  # fmt: skip
+        """Renew the leases due (every third of the lease), keep this worker's tickets, and
+        free the store's slots no request uses (see :meth:`StoreSlots.settle`)."""
+        for bucket, lease, lost in renew_due(self.grants.values(), self.clock()):
+            self.counts["lost_leases"] += lost
+            logger.error(
+                "celery-extras: %d concurrency slot(s) of %s ran past their lease (%.0f s) "
+                "before renewal and were reclaimed (the worker was blocked or cut off from "
+                "the store); their tasks keep running",
+                lost, bucket[0], lease,
+            )  # fmt: skip
         self.store.keep_tickets(self.queues.waiting)
+        self.store.settle()
 
     def queued(self) -> int:
         return len(self.queues)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ..admission.notices import notice
+from ..admission.store_round import StoreCall, answered
 from ..admission.stored_table import StoredTable
 from ..checks import is_int
 from ..clock import monotonic
@@ -106,21 +107,32 @@ class RedisSlots:
     ) -> float:  # fmt: skip
         """Take a slot: ``0.0`` when taken, else seconds after which to ask again at the
         latest (a release notice usually comes first)."""
-        reply = cast(
-            "list[Any]",
-            self._acquire(
-                keys=self.keys(name, key),
-                args=[cap, holder, _ms(lease), worker, "1" if more else "0", _ms(ticket_lease)],
-            ),
-        )
+        return self.acquired(self.acquire_call(name, key, holder, cap, lease, worker, more,
+                                               ticket_lease)())  # fmt: skip
+
+    def acquire_call(
+        self, name: str, key: str, holder: str, cap: int, lease: float, worker: str,
+        more: bool, ticket_lease: float,
+    ) -> StoreCall:  # fmt: skip
+        """:meth:`acquire`'s script call, as data: it passes when the slot is taken."""
+        args = (cap, holder, _ms(lease), worker, "1" if more else "0", _ms(ticket_lease))
+        return StoreCall(self._acquire, tuple(self.keys(name, key)), args, "reply[1] == 1")
+
+    @staticmethod
+    def acquired(reply: Any) -> float:
+        """:meth:`acquire`'s answer from its script's *reply* (raised if a round's error)."""
+        reply = cast("list[Any]", answered(reply))
         return 0.0 if int(reply[0]) else int(reply[2]) / 1000
 
     def release(self, name: str, key: str, holder: str) -> bool:
         """Free *holder*'s slot and tell the waiting workers; ``False`` if it held none."""
-        found, _ = self._release(
-            keys=self.keys(name, key), args=[holder, self.channel, notice(name, key)]
-        )
+        found, _ = self.release_call(name, key, holder)()
         return bool(found)
+
+    def release_call(self, name: str, key: str, holder: str) -> StoreCall:
+        """:meth:`release`'s script call, as data."""
+        return StoreCall(self._release, tuple(self.keys(name, key)),
+                         (holder, self.channel, notice(name, key)))  # fmt: skip
 
     def hand_over(
         self, name: str, key: str, holder: str, next_holder: str, cap: int, lease: float,

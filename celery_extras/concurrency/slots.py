@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from ..store.health import StoreUser
+from ..admission.store_round import NO_REPLY, StoreCall, answered
+from ..store.health import StoreUser, may_have_been_done
 from .redis_slots import HANDOVER_PATIENCE, RedisSlots
 from .slot_table import Bucket, SlotTable
 
@@ -27,6 +28,7 @@ __all__ = [
     "StoreSlots",
     "TableSlots",
     "Unlimited",
+    "renew_due",
 ]
 
 logger = logging.getLogger("celery_extras.concurrency")
@@ -106,6 +108,10 @@ class StoreSlots:
         self.clock = clock
         #: buckets where this worker has a ticket, and when it was last made alive
         self.tickets: dict[Bucket, float] = {}
+        #: slots the store may hold for this worker that no request of it uses (a take
+        #: whose reply was lost, a release that failed), until when their lease keeps them
+        #: (see :meth:`settle`)
+        self.unsure: dict[tuple[Bucket, str], float] = {}
 
     @property
     def store(self) -> RedisSlots:
@@ -116,18 +122,28 @@ class StoreSlots:
     def holder(self) -> str:
         return f"{self.worker}:{uuid.uuid4().hex[:12]}"
 
+    def acquire_call(self, bucket: Bucket, holder: str, cap: int, lease: float,
+                     more: bool) -> StoreCall:  # fmt: skip
+        """:meth:`acquire`'s store call, as data (for a round of the admission pipeline)."""
+        return self.store.acquire_call(bucket[0], bucket[1], holder, cap, lease, self.worker,
+                                       more, TICKET_LEASE)  # fmt: skip
+
     def acquire(self, bucket: Bucket, holder: str, cap: int, lease: float,
-                more: bool) -> float | None:  # fmt: skip
-        """``0.0`` when taken, the seconds before asking again, or ``None`` (store away)."""
-        if not self.health.up():
+                more: bool, reply: Any = NO_REPLY) -> float | None:  # fmt: skip
+        """``0.0`` when taken, the seconds before asking again, or ``None`` (store away);
+        *reply*: a round's reply to :meth:`acquire_call`, read instead of asking."""
+        if reply is NO_REPLY and not self.health.up():
             return None
         try:
-            wait = self.store.acquire(bucket[0], bucket[1], holder, cap, lease, self.worker,
-                                      more, TICKET_LEASE)  # fmt: skip
-        except Exception as exc:
+            if reply is NO_REPLY:
+                reply = self.acquire_call(bucket, holder, cap, lease, more)()
+            wait = self.store.acquired(reply)
+        except Exception as exc:  # the store may have given the slot: freed when it answers
+            self._unsure(exc, bucket, holder, lease)
             self.health.failed(exc)
             return None
         self.health.answered()
+        self.unsure.pop((bucket, holder), None)  # answered: held (in use) or not
         if wait > 0 or more:  # waits, or was served and queued again
             self.tickets[bucket] = self.clock()
         else:
@@ -143,7 +159,9 @@ class StoreSlots:
                 name, key, grant.holder, holder, cap, lease, self.worker, more,
                 HANDOVER_PATIENCE, TICKET_LEASE,
             )  # fmt: skip
-        except Exception as exc:  # the old slot's lease frees it
+        except Exception as exc:  # either holder may have the slot: freed when it answers
+            self._unsure(exc, grant.bucket, grant.holder, grant.lease)
+            self._unsure(exc, grant.bucket, holder, lease)
             self.health.failed(exc)
             return False
         if handed and more:  # the script keeps (or queues) this worker's ticket
@@ -152,11 +170,43 @@ class StoreSlots:
             self.tickets.pop(grant.bucket, None)
         return bool(handed)
 
-    def release(self, grant: Grant) -> None:
+    def release_call(self, grant: Grant) -> StoreCall:
+        """:meth:`release`'s store call, as data."""
+        return self.store.release_call(grant.bucket[0], grant.bucket[1], grant.holder)
+
+    def release(self, grant: Grant, reply: Any = NO_REPLY) -> None:
+        """Free *grant*'s slot (*reply*: a round's reply to :meth:`release_call`)."""
         try:
-            self.store.release(grant.bucket[0], grant.bucket[1], grant.holder)
-        except Exception as exc:  # its lease frees it
+            answered(self.release_call(grant)() if reply is NO_REPLY else reply)
+        except Exception as exc:  # freed when the store answers, or by its lease
+            self._unsure(exc, grant.bucket, grant.holder, grant.lease)
             self.health.failed(exc)
+
+    def _unsure(self, exc: BaseException, bucket: Bucket, holder: str, lease: float) -> None:
+        """A call about *holder*'s slot failed with *exc*: noted in :attr:`unsure` when the
+        store may have done it (not after a refused connection: settling it would only
+        wake the bucket's waiters)."""
+        if may_have_been_done(exc):
+            self.unsure[(bucket, holder)] = self.clock() + lease
+
+    def settle(self) -> None:
+        """Free the slots the store may hold though no request uses them (:attr:`unsure`),
+        once it answers again: a slot lost with its reply is not kept until its lease ends
+        (a key of one slot would wait that long). Those past their lease are forgotten."""
+        now = self.clock()
+        for (bucket, holder), until in list(self.unsure.items()):
+            if until <= now:
+                del self.unsure[(bucket, holder)]
+                continue
+            if not self.health.up():
+                return
+            try:
+                self.store.release(bucket[0], bucket[1], holder)
+            except Exception as exc:
+                self.health.failed(exc)
+                return
+            self.health.answered()
+            del self.unsure[(bucket, holder)]
 
     def renew(self, bucket: Bucket, holders: list[str], lease: float) -> list[str] | None:
         """Holders whose lease had run out, or ``None`` when the store was not asked."""
@@ -206,3 +256,23 @@ class StoreSlots:
         except Exception as exc:
             self.health.failed(exc)
             return None
+
+
+def renew_due(grants: Iterable[Grant], now: float) -> list[tuple[Bucket, float, int]]:
+    """Renew the leases of *grants* that are due (every third of the lease), one call per
+    bucket and source: each bucket where some had run out, with its lease and how many
+    (a source that was not asked renews them at the next call)."""
+    due: dict[tuple[Bucket, SlotSource], list[Grant]] = {}
+    for grant in grants:
+        if now - grant.renewed >= grant.lease / 3:
+            due.setdefault((grant.bucket, grant.source), []).append(grant)
+    lost_in: list[tuple[Bucket, float, int]] = []
+    for (bucket, source), due_grants in due.items():
+        lost = source.renew(bucket, [g.holder for g in due_grants], due_grants[0].lease)
+        if lost is None:
+            continue
+        for grant in due_grants:
+            grant.renewed = now
+        if lost:
+            lost_in.append((bucket, due_grants[0].lease, len(lost)))
+    return lost_in

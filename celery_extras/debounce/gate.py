@@ -42,7 +42,12 @@ from celery.signals import task_revoked
 from .. import compat
 from ..admission.covered import CoveredEndings, CoveredMessage, context_of, encode_context
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
-from ..admission.key_runs import covered_messages, known_outcome, revoked_outcome
+from ..admission.key_runs import (
+    covered_messages,
+    discarded_key,
+    known_outcome,
+    revoked_outcome,
+)
 from ..admission.notices import Bucket, ReleaseNotices
 from ..admission.sent import sent_at
 from ..admission.spec import call_key
@@ -129,7 +134,7 @@ class DebounceGate(Gate):
         spec = self.specs[ticket.name]
         bucket = (ticket.name, call_key(ticket.name, spec.key, ticket.request, "debounce", "key",
                                         logger))  # fmt: skip
-        holder = f"{self.worker}:{uuid.uuid4().hex[:12]}"
+        holder = ticket.holder(self.label, lambda: f"{self.worker}:{uuid.uuid4().hex[:12]}")
         holding = DebounceHolding(bucket, holder, spec.lease, self.clock())
         verdict = self._ask(ticket, holding)
         if verdict is None:
@@ -258,16 +263,13 @@ class DebounceGate(Gate):
     def _discarded(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         """``task_revoked``: Celery discarded a message (revoked, expired): the next message
         of its key or a run between attempts goes, and what it covered ends revoked."""
-        name = getattr(sender, "name", None)
-        if name not in self.specs or getattr(sender, "app", None) is not self.app:
+        found = discarded_key(self.app, self.specs, sender, request, "debounce")
+        if found is None:
             return
-        task_id = getattr(request, "id", None)
-        if not isinstance(task_id, str):
-            return
-        bucket = (name, call_key(name, self.specs[name].key, request, "debounce", "key", logger))
+        (bucket, task_id) = found
         dropped: DebounceFinished | None = self.holds.call(lambda h: h.drop(bucket, task_id))
         if dropped is not None:
-            self.endings.schedule(self._consumer, name, task_id, covered_messages(dropped),
+            self.endings.schedule(self._consumer, bucket[0], task_id, covered_messages(dropped),
                                   known=revoked_outcome(task_id))  # fmt: skip
 
     def yielded(self, ticket: Ticket, seconds: float) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 from celery import Celery
 
 from ..admission.gate import RUN, Answer, Gate, Hold, Refuse, Ticket
+from ..admission.store_round import NO_REPLY, StoreCall
 from ..clock import monotonic
 from ..signals import task_rate_limited, task_shadow_limited
 from ..store.client import redis_client, store_key, store_user
@@ -42,6 +43,8 @@ __all__ = ["Booking", "LimitGate"]
 
 logger = logging.getLogger(__name__)
 
+#: :attr:`Ticket.notes` key of the limits an arriving task meets and its round's store call
+ARRIVAL_NOTE = "limit.arrival"
 #: ``(task, rate)`` pairs whose stored rate this process has logged (see LimitGate.announce).
 _announced: set[tuple[str, str]] = set()
 
@@ -129,10 +132,25 @@ class LimitGate(Gate):
 
     # -- the gate ------------------------------------------------------------------------------
 
+    def arrival_call(self, ticket: Ticket) -> StoreCall | None:
+        """The store's booking of an arriving task, when its answer alone says whether the
+        task runs now (see the planner's): the limits as the task meets them noted."""
+        if ticket.released_slot is not None or self.label in ticket.notes:
+            return None  # a slot booked before: the planner checks it
+        arrival = self.planner.arrival_call(ticket.name, ticket.request)
+        if arrival is None:
+            return None
+        ticket.notes[ARRIVAL_NOTE] = arrival
+        return arrival[1]
+
     def admit(self, ticket: Ticket) -> Answer:
         self.waiting.discard(id(ticket.request))
         booking: Booking | None = ticket.notes.pop(self.label, None)
-        if booking is not None and self._keeps(ticket.name, booking):
+        arrival = ticket.notes.pop(ARRIVAL_NOTE, None)
+        reply = ticket.reply(self.label)
+        if reply is not NO_REPLY:
+            plan = self.planner.plan(ticket.name, ticket.request, arrived=(*arrival, reply))
+        elif booking is not None and self._keeps(ticket.name, booking):
             plan = self.planner.plan(ticket.name, ticket.request, booking.due, booking.limit,
                                      booking.taken)  # fmt: skip
         else:

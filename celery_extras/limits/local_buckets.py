@@ -52,6 +52,11 @@ class LocalBuckets:
             bucket.charge_until(last[0])
         return bucket
 
+    def fell_back(self, limit: str, key: str) -> bool:
+        """Whether a fallback bucket of *limit* and *key* handed out slots in an outage (its
+        debt may make a task the store admits wait: :meth:`after_fallback`)."""
+        return (f"fallback:{limit}", key) in self.buckets
+
     def after_fallback(self, limit: str, key: str, wait: float) -> float:
         """*wait*, or longer so the slot comes after those the fallback bucket handed out
         during an outage: a worker adds no global burst on top of its local debt."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from ..admission.spec import call_key
+from ..admission.store_round import StoreCall
 from ..bounds import MAX_WAIT
 from .all_of import admit_all
 from .redis_bucket import LimitTake
@@ -119,6 +120,25 @@ class LimitPlanner(WorkerLimits):
         rate = max(self.effective(limit_id(name, i), "", specs[i])[0] for i in chosen)
         return min(LATE_CAP, max(LATE_FLOOR, 0.5 / rate))
 
+    def arrival_call(self, name: str, request: Any) -> tuple[list[_Call], StoreCall] | None:
+        """The limits an arriving task of *name* meets, and :meth:`plan`'s store call as data;
+        ``None`` unless the store alone decides (all limits global, enforcing, no fallback debt)."""
+        specs = self.specs[name]
+        if any(s.scope != "global" or self.shadow(s) for s in specs) or not self.store.up():
+            return None
+        try:
+            calls = self._calls(name, request)
+        except CostError:
+            return None
+        if any(self.buckets.fell_back(c.id, c.key) for c in calls):
+            return None
+        try:  # it reads the stored run-time rates now and then: the store may fail
+            return calls, self.global_bucket().acquire_call(
+                name, [c.take() for c in calls], (), 0.0, len(specs) > 1)  # fmt: skip
+        except Exception as exc:  # plan() takes the outage's way
+            self.store.failed(exc)
+            return None
+
     def plan(
         self,
         name: str,
@@ -126,6 +146,7 @@ class LimitPlanner(WorkerLimits):
         slot: float | None = None,
         slot_limit: int | None = 0,
         taken: frozenset[int] = frozenset(),
+        arrived: tuple[list[_Call], StoreCall, Any] | None = None,
     ) -> Plan:
         """What to do with a task of *name* that arrived (or whose ETA passed) now.
 
@@ -135,7 +156,11 @@ class LimitPlanner(WorkerLimits):
         otherwise the task books a new one. *taken* are the limits whose token the task
         already holds from earlier slots: a slot used on time joins them, and they are
         not asked again (so a task under several limits waits at most one slot of each).
+        *arrived*: what :meth:`arrival_call` gave, and the round's reply to its call.
         """
+        if arrived is not None:
+            calls, call, reply = arrived
+            return self._decide(name, calls, [], verified=False, answered=(call, reply))
         if slot is not None:
             wait = slot - self.clock()
             if wait > 0:
@@ -168,15 +193,17 @@ class LimitPlanner(WorkerLimits):
         return plan
 
     def _decide(
-        self, name: str, enforcing: list[_Call], shadows: list[_Call], verified: bool
-    ) -> Plan:
+        self, name: str, enforcing: list[_Call], shadows: list[_Call], verified: bool,
+        answered: tuple[StoreCall, Any] | None = None,
+    ) -> Plan:  # fmt: skip
         local = [c for c in enforcing if c.spec.scope == "worker"]
         remote = [c for c in enforcing if c.spec.scope == "global"]
         shadow_local = [c for c in shadows if c.spec.scope == "worker"]
         shadow_remote = [c for c in shadows if c.spec.scope == "global"]
-        if (remote or shadow_remote) and self.store.up():
+        if (remote or shadow_remote) and (answered is not None or self.store.up()):
             try:
-                return self._admit(name, local, remote, shadow_local, shadow_remote, verified)
+                return self._admit(name, local, remote, shadow_local, shadow_remote, verified,
+                                   answered=answered)  # fmt: skip
             except Exception as exc:  # whatever the store says, the consumer carries on
                 self.store.failed(exc)
         if remote and self.on_store_error == "delay":  # wait, then ask the store again
@@ -196,10 +223,12 @@ class LimitPlanner(WorkerLimits):
         shadow_remote: list[_Call],
         verified: bool,
         fallback: bool = False,
+        answered: tuple[StoreCall, Any] | None = None,
     ) -> Plan:
         """Admit one call under *local* buckets and the store's *remote* ones (fallback
         buckets stand in for those while the store is away): the rule of :mod:`.all_of`,
-        where local buckets, like per-key ones, are narrow."""
+        where local buckets, like per-key ones, are narrow. *answered*: the store's call,
+        made in a round, and its reply, read instead of asking."""
         buckets = [self._bucket_of(c, fallback) for c in local]
         waits = [
             b.expected_time(c.cost) if c.cost else 0.0 for b, c in zip(buckets, local, strict=True)
@@ -215,9 +244,10 @@ class LimitPlanner(WorkerLimits):
         remote_booked: Iterable[tuple[_Call, bool, float]] = ()
         if remote or shadow_remote:
             several = sum(s.scope == "global" for s in self.specs[name]) > 1
-            acquired = self.global_bucket().acquire(
-                name, [c.take() for c in remote], [c.take() for c in shadow_remote], wait, several
-            )
+            takes = [c.take() for c in remote], [c.take() for c in shadow_remote]
+            store = self.global_bucket()
+            acquired = (store.acquired(*answered) if answered is not None else
+                        store.acquire(name, *takes, wait, several))  # fmt: skip
             self.store.answered()
             wait = acquired.wait
             if acquired.binding is not None:

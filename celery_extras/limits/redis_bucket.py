@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..admission.store_round import StoreCall, answered
 from ..admission.stored_table import StoredTable
 from ..bounds import MAX_WAIT, shown
 from ..clock import monotonic
@@ -166,17 +167,29 @@ class GlobalTokenBucket:
         its limit and key) wins. Raises the client's :class:`redis.RedisError` when the
         store cannot answer.
         """
-        takes = [*enforcing, *shadow]
+        call = self.acquire_call(task, enforcing, shadow, floor, tagged)
+        return self.acquired(call, call())
+
+    def acquire_call(self, task: str, enforcing: Sequence[LimitTake],
+                     shadow: Sequence[LimitTake] = (), floor: float = 0.0,
+                     tagged: bool = False) -> StoreCall:  # fmt: skip
+        """:meth:`acquire`'s script call, as data: it passes when the task goes now."""
         tag = task if tagged else None
         keys, args = [], [int(MAX_WAIT * 1_000_000), math.ceil(floor * 1_000_000), len(enforcing)]
-        for take in takes:
+        for take in [*enforcing, *shadow]:
             rate, burst = self.effective(take)
             bucket = self.bucket_key(take.limit, take.key, tag)
             interval_us = max(1, math.ceil(1_000_000 / rate))
             keys.append(bucket)
             floor_us = self._floors.get(bucket, (0, 0.0))[0]
             args += [interval_us, burst, take.tokens, floor_us, int(take.narrow)]
-        reply = cast("list[Any]", self._acquire(keys=keys, args=args))
+        return StoreCall(self._acquire, tuple(keys), tuple(args), "reply[1] == 0")
+
+    def acquired(self, call: StoreCall, reply: Any) -> Acquired:
+        """:meth:`acquire`'s answer from the *reply* to its *call* (raised if a round's
+        error): the slots it booked are remembered."""
+        reply = cast("list[Any]", answered(reply))
+        keys, args = call.keys, call.args
         booked = []
         for i, bucket in enumerate(keys):
             new_tat = int(reply[3 + 2 * i])

@@ -52,6 +52,7 @@ class StoreScript:
 
     def __init__(self, client: Any, text: str) -> None:
         self.script = client.register_script(text)
+        self.text = text
         self.timed = NOW in text
 
     @property

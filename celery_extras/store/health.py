@@ -28,6 +28,7 @@ __all__ = [
     "StoreUnavailable",
     "StoreUser",
     "answered_with_error",
+    "may_have_been_done",
     "store_text",
 ]
 
@@ -104,6 +105,15 @@ def answered_with_error(exc: BaseException) -> bool:
     script error, a key of the wrong type, a write refused for memory, a reply this
     version cannot read), so only the call's own user backs off."""
     return not isinstance(exc, UNREACHABLE)
+
+
+def may_have_been_done(exc: BaseException) -> bool:
+    """Whether a call that failed with *exc* may still have been done by the store: it timed
+    out, or its connection broke once it was sent (its bytes may arrive later); not when the
+    store refused the connection, or answered with an error."""
+    if isinstance(exc, redis.ConnectionError) and " connecting to " in str(exc):
+        return False  # redis-py's "Error 111 connecting to host:port": nothing was sent
+    return isinstance(exc, redis.TimeoutError | redis.ConnectionError)
 
 
 class StoreHealth:

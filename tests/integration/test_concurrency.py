@@ -254,3 +254,28 @@ def test_store_unreachable_applies_the_cap_per_worker_and_logs_once(
     assert most_at_once((e["start"], e["t"]) for e in ends(journal, GLOBAL2)) == 2
     assert len(store_outages(worker.log(), "concurrency slots")) == 1
     assert "extras_concurrency_on_store_error='local'" in worker.log()
+
+
+def test_a_task_under_every_store_gate_runs_each_message_once_within_its_cap(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """coalesce, a global limit and a global cap on one task: each arrival asks the three in
+    one store round trip, each ending frees the hold and the slot in one."""
+    cluster.configure(include=INCLUDE)
+    workers = start_workers(cluster, ("w1", "w2"), concurrency=3)
+    name = "tests.concurrency.all_gates"
+    results = [send(name, f"k{i}", i) for i in range(40)]
+    assert sorted(r.get(timeout=90) for r in results) == list(range(40))
+    runs = ends(journal, name)
+    assert sorted(e["tag"] for e in runs) == list(range(40))  # each exactly once
+    assert most_at_once((e["start"], e["t"]) for e in runs) == 2
+    wait_for(lambda: sum(slots_info(cluster, w)["tasks"][name]["holding"] for w in workers) == 0,
+             timeout=30, what="every slot given back")  # fmt: skip
+    for worker in workers:
+        assert "store replies unread" not in worker.log()
+        assert "Traceback" not in worker.log()
+    # every arrival's round went on the worker's event loop without waiting: its line
+    stats = cluster.app.control.inspect(timeout=5).stats() or {}
+    lines = [stats[w.hostname]["extras_store_line"] for w in workers]
+    assert sum(line["rounds"] for line in lines) >= 40  # 40 arrivals, and the covered ones
+    assert all(line["writes"] <= line["rounds"] and line["failed"] == 0 for line in lines)

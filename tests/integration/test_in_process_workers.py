@@ -10,6 +10,7 @@ ETA store, sync, stats); its store is a private Redis, so every connection named
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,7 +83,8 @@ def test_twenty_in_process_workers_leave_no_thread_and_no_store_connection(
                 app.send_task("tests.delay.limited10", args=(cycle,))
                 app.send_task("tests.concurrency.global2", args=(cycle,), kwargs={"seconds": 0})
                 wait_for(lambda n=cycle: len(journal) >= 2 * (n + 1), timeout=30,
-                         what=f"cycle {cycle}'s two tasks")  # fmt: skip
+                         what=lambda n=cycle: f"cycle {n}'s two tasks; runs so far by task: "
+                         f"{dict(Counter(e['task'] for e in journal.entries()))}")  # fmt: skip
                 assert worker.hostname
             wait_for(lambda: not extras_threads() and not ours(client), timeout=10,
                      what="no thread and no store connection of celery-extras")  # fmt: skip

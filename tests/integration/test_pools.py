@@ -8,7 +8,8 @@ per pool, concurrency 4, small counts: a global ``limit("10/s")`` keeps ~10/s, a
 ``concurrency(2)`` cap is never exceeded, a ``coalesce`` key queued 20 times runs once
 and every caller gets that run's result, and ETA tasks parked in the delay store run
 once, not before their ETA (on gevent: not before its timer fires them, see ``EARLY``).
-The worker logs no error.
+The worker logs no error; the store rounds of the threads pool's event loop go on its
+admission line, the green pools' (no event loop) are calls.
 """
 
 from __future__ import annotations
@@ -141,5 +142,10 @@ def test_limit_concurrency_coalesce_and_eta_store_hold_on_the_pool(
     early = min(e["t"] - e["due"] for e in etas)
     assert early >= -EARLY.get(pool, 0.0), f"an ETA task ran {-early:.3f} s before its ETA"
     assert eta_parked(cluster, worker) == 20
+
+    # the threads pool runs Celery's event loop: arrivals' rounds go on its line (endings,
+    # heard in pool threads, are calls); gevent and eventlet have no event loop: calls
+    line = stats_of(cluster, worker)["extras_store_line"]
+    assert (line["rounds"] > 0, line["failed"]) == (pool == "threads", 0), line
 
     assert not problems(worker.log()), "\n".join(problems(worker.log())[:20])

@@ -80,6 +80,21 @@ EXPECTED = truth(
 LIMITED = "tests.stats.limited"
 
 
+def differences(event: Throughput | None) -> str:
+    """What *event*'s totals say that :data:`EXPECTED` does not, per task and counter."""
+    if event is None:
+        return "no event of the worker's"
+    totals = without_waits(event_totals(event))
+    lines = []
+    for name in sorted(EXPECTED.keys() | totals.keys()):
+        want, got = EXPECTED.get(name, {}), totals.get(name, {})
+        wrong = [f"{c} {got.get(c)} not {want.get(c)}"
+                 for c in COUNTERS if got.get(c) != want.get(c)]  # fmt: skip
+        if wrong:
+            lines.append(f"{name}: {', '.join(wrong)}")
+    return "; ".join(lines) or "none"
+
+
 def active_ids(cluster: Cluster, hostname: str) -> set[str]:
     replies = cluster.app.control.inspect(destination=[hostname], timeout=3).active() or {}
     return {task["id"] for task in replies.get(hostname, [])}
@@ -199,8 +214,10 @@ def test_every_ending_is_counted_exactly_everywhere(
         t = latest()
         return t is not None and without_waits(event_totals(t)) == EXPECTED
 
-    wait_for(settled, timeout=120, interval=0.5,
-             what=f"event totals equal to the truth; last: {latest()}")  # fmt: skip
+    try:
+        wait_for(settled, timeout=120, interval=0.5, what="event totals equal to the truth")
+    except AssertionError as exc:  # what differed, as the last event said it
+        raise AssertionError(f"{exc}; {differences(latest())}") from None
     seen = listening.received
     wait_for(lambda: listening.received >= seen + 3, timeout=30, what="three more events")
     event = latest()

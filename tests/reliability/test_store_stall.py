@@ -25,11 +25,12 @@ from tests.support.brokers import PrivateRedis
 from tests.support.journal import Journal
 from tests.support.outages import store_outages, store_recoveries
 from tests.support.proxy import StallingProxy
-from tests.support.workers import wait_for
+from tests.support.workers import WorkerProcess, wait_for
 
 INCLUDE = ("tests.support.tasks_stall",)
-FREE, LIMITED, CAPPED, COALESCED = (f"tests.stall.{n}" for n in
-                                    ("free", "limited", "capped", "coalesced"))  # fmt: skip
+FREE, LIMITED, CAPPED, COALESCED, DEBOUNCED, ONE_SLOT = (
+    f"tests.stall.{n}" for n in ("free", "limited", "capped", "coalesced", "debounced", "one_slot")
+)
 GATED = (LIMITED, CAPPED, COALESCED)
 #: How long the store stalls, seconds.
 STALL = 20.0
@@ -60,6 +61,19 @@ class Stall:
             os.kill(self.store.proc.pid, signal.SIGCONT)
         else:
             self.store.start()
+
+
+def line_of(cluster: Cluster, worker: WorkerProcess) -> dict[str, Any]:
+    """What *worker*'s admission line says in ``inspect stats``."""
+    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=5).stats() or {}
+    return dict((stats.get(worker.hostname) or {}).get("extras_store_line") or {})
+
+
+def slots_of(cluster: Cluster, worker: WorkerProcess) -> dict[str, Any]:
+    """What *worker*'s concurrency gate says in ``inspect stats``."""
+    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=5).stats() or {}
+    policies = (stats.get(worker.hostname) or {}).get("extras_policies") or {}
+    return dict(policies.get("concurrency") or {})
 
 
 def main_process_lines(log: str) -> str:
@@ -111,10 +125,19 @@ def test_a_store_that_stalls_costs_only_the_gated_tasks_their_wait(
         for user in ("global limits", "concurrency slots", "coalescing holds", "delay store"):
             assert f"{user}: " in outage, outage
 
-        ids = {r.id for r in gated + eta}
-        wait_for(lambda: ids <= {e["id"] for e in journal.entries()}, timeout=120, interval=0.5,
-                 what="every task sent during the stall to run")  # fmt: skip
-        runs = Counter(e["id"] for e in journal.entries() if e["id"] in ids)
+        names = {r.id: r.name for r in gated + eta}
+
+        def not_run() -> str:
+            ran = {e["id"] for e in journal.entries()}
+            return ", ".join(f"{names[i]}[{i}]" for i in set(names) - ran)
+
+        wait_for(
+            lambda: not not_run(),
+            timeout=120,
+            interval=0.5,
+            what=lambda: f"every task sent during the stall to run; not: {not_run()}",
+        )
+        runs = Counter(e["id"] for e in journal.entries() if e["id"] in names)
         assert set(runs.values()) == {1}  # none twice
         wait_for(lambda: store_recoveries(main_process_lines(worker.log())), timeout=30,
                  what="the end of the outage logged")  # fmt: skip
@@ -123,5 +146,47 @@ def test_a_store_that_stalls_costs_only_the_gated_tasks_their_wait(
     finally:
         if mode == "sigstop" and store.proc is not None and store.proc.poll() is None:
             os.kill(store.proc.pid, signal.SIGCONT)
+        proxy.close()
+        store.stop()
+
+
+@pytest.mark.parametrize(
+    ("task", "on_store_error"),
+    [(COALESCED, None), (DEBOUNCED, None), (ONE_SLOT, "delay"), (ONE_SLOT, "local")],
+)
+def test_an_ask_the_store_did_but_never_answered_is_asked_again_as_the_same_holder(
+    task: str, on_store_error: str | None, cluster: Cluster, send: Callable[..., Any],
+    journal: Journal, tmp_path: Path,
+) -> None:  # fmt: skip
+    """The path to the store stalls as a gate asks: the ask times out, yet reaches the store
+    when the path comes back, before the gate asks again. The gate asks again as the holder
+    the store already knows; a global slot's task that ran meanwhile on the worker's own
+    slots (``on_store_error='local'``) has the slot it left in the store freed once the
+    store answers. The task runs once, and its key is free again for the next. (Asked as
+    another holder, a coalesced task was covered by its own lost run, acked and never run;
+    a global slot stayed taken until its lease, 300 s here, ran out.)"""
+    store = PrivateRedis(tmp_path).start()
+    proxy = StallingProxy(("127.0.0.1", store.port)).start()
+    try:
+        conf = {"extras_concurrency_on_store_error": on_store_error} if on_store_error else {}
+        cluster.configure(include=INCLUDE, extras_redis_url=proxy.url, **conf)
+        worker = cluster.worker("w1", concurrency=2)
+        assert send(task, "warm").get(timeout=60) == "warm"  # connection made, script loaded
+        wait_for(lambda: line_of(cluster, worker).get("unanswered") == 0,
+                 what="the warm task's ending answered")  # fmt: skip
+
+        proxy.stall()
+        lost = send(task, "lost-reply")
+        wait_for(lambda: store_outages(main_process_lines(worker.log())), timeout=30,
+                 what="the ask timed out")  # fmt: skip
+        proxy.resume()  # the stalled ask reaches the store now
+        assert lost.get(timeout=60) == "lost-reply"
+        if task == ONE_SLOT:  # the next asks the store, not the worker's own slots
+            wait_for(lambda: slots_of(cluster, worker).get("store") == "ok", timeout=30,
+                     what="the concurrency slots' store answering again")  # fmt: skip
+        assert send(task, "next").get(timeout=60) == "next"
+        runs = Counter(e["tag"] for e in journal.entries() if e["task"] == task)
+        assert runs == {"warm": 1, "lost-reply": 1, "next": 1}
+    finally:
         proxy.close()
         store.stop()

@@ -9,11 +9,11 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject
 
-from celery_extras import concurrency
+from celery_extras import coalesce, concurrency, limit
 
 from .journal import Journal
 
-__all__ = ["crash2", "endings", "global2", "per_key1"]
+__all__ = ["all_gates", "crash2", "endings", "global2", "per_key1"]
 
 
 def _run(task: Task, seconds: float, **fields: Any) -> None:
@@ -67,4 +67,15 @@ def endings(self: Task, how: str, tag: Any = None) -> Any:
     if how == "block":
         journal.wait_for_flag("go")
     journal.note(self, phase="end", how=how, tag=tag)
+    return tag
+
+
+@limit("1000/s", scope="global")
+@concurrency(2, scope="global")
+@coalesce(key=lambda args, kwargs: args[0])
+@shared_task(bind=True, name="tests.concurrency.all_gates")
+def all_gates(self: Task, key: str, tag: Any = None) -> Any:
+    """The three store-backed gates on one task: one store round trip as it arrives, one as
+    it ends."""
+    _run(self, 0.05, key=key, tag=tag)
     return tag

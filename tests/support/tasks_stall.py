@@ -1,5 +1,6 @@
 """Tasks of the store-stall tests: one without any policy, and one under each policy whose
-gate asks the store on the worker's loop (a global limit, a global cap, coalescing); every
+gate asks the store on the worker's loop (a global limit, a global cap, coalescing,
+debouncing, one global slot held long); every
 run is journalled, so "every gated task sent during the stall runs once" is counted."""
 
 from __future__ import annotations
@@ -8,11 +9,11 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from celery_extras import coalesce, concurrency, limit
+from celery_extras import coalesce, concurrency, debounce, limit
 
 from .journal import Journal
 
-__all__ = ["capped", "coalesced", "free", "limited"]
+__all__ = ["capped", "coalesced", "debounced", "free", "limited", "one_slot"]
 
 
 def _done(task: Task, tag: Any) -> Any:
@@ -40,4 +41,16 @@ def capped(self: Task, tag: Any = None) -> Any:
 @coalesce(key=lambda args, kwargs: str(args[0]))
 @shared_task(bind=True, name="tests.stall.coalesced")
 def coalesced(self: Task, tag: Any = None) -> Any:
+    return _done(self, tag)
+
+
+@debounce(0.2, key=lambda args, kwargs: str(args[0]))
+@shared_task(bind=True, name="tests.stall.debounced")
+def debounced(self: Task, tag: Any = None) -> Any:
+    return _done(self, tag)
+
+
+@concurrency(1, scope="global", lease=300)  # a slot taken and lost holds its key 300 s
+@shared_task(bind=True, name="tests.stall.one_slot")
+def one_slot(self: Task, tag: Any = None) -> Any:
     return _done(self, tag)

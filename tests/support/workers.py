@@ -24,16 +24,21 @@ _running: list[WorkerProcess] = []
 
 
 def wait_for(
-    condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = ""
+    condition: Callable[[], Any],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    what: str | Callable[[], str] = "",
 ) -> Any:
-    """Poll *condition* until it is truthy and return its value; fail after *timeout* s."""
+    """Poll *condition* until it is truthy and return its value; fail after *timeout* s,
+    saying *what* was awaited (a callable: what it says then)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout} s waiting for {said or condition}")
         time.sleep(interval)
 
 

@@ -17,6 +17,10 @@ from celery_extras.coalesce.table import REMEMBER, CoalesceTable, CoalesceVerdic
 
 KEY = ("tasks.reindex", "account-1")
 LEASE = 30.0
+#: A lease that runs out within a scenario: long enough that the calls made before it
+#: should run out take less, on a real store on a loaded machine too.
+SHORT_LEASE = 1.0
+PAST_SHORT_LEASE = 1.5
 
 
 @dataclass
@@ -114,11 +118,11 @@ def keep_last_makes_the_newest_message_the_waiting_run(h: Harness) -> None:
 def a_dead_runs_key_frees_after_its_lease_and_its_callers_pass_on(h: Harness) -> None:
     """The worker running the key dies (no renewal): once its lease ran out, the waiting
     run starts and covers what the dead run covered, and the dead run's own id."""
-    assert h.ask("r", "A", lease=0.2) == RUN
+    assert h.ask("r", "A", lease=SHORT_LEASE) == RUN
     assert h.ask("c", "A", sent=h.now() - 2.0) == covered("r")
-    assert h.ask("w", "B", sent=h.later(), lease=0.2) == WAIT
+    assert h.ask("w", "B", sent=h.later(), lease=SHORT_LEASE) == WAIT
     assert h.holds.renew(KEY, ["w"], "B", 5.0) == []  # B lives on, A does not
-    h.advance(0.35)
+    h.advance(PAST_SHORT_LEASE)
     assert h.ask("w", "B") == RUN
     assert h.finish("r", "A") is None  # A comes back too late: not the run
     assert h.finish("w", "B") == ["c", "r"]
@@ -159,10 +163,10 @@ def a_forgotten_waiting_run_passes_its_callers_on(h: Harness) -> None:
 
 
 def renewal_reports_holds_that_ran_out(h: Harness) -> None:
-    assert h.ask("r", "A", lease=0.2) == RUN
-    assert h.holds.renew(KEY, ["r"], "A", 0.2) == []
-    h.advance(0.35)
-    assert h.holds.renew(KEY, ["r"], "A", 0.2) == ["r"]
+    assert h.ask("r", "A", lease=SHORT_LEASE) == RUN
+    assert h.holds.renew(KEY, ["r"], "A", SHORT_LEASE) == []
+    h.advance(PAST_SHORT_LEASE)
+    assert h.holds.renew(KEY, ["r"], "A", SHORT_LEASE) == ["r"]
     assert h.ask("n", "B", sent=h.later()) == RUN
     assert h.finish("n", "B") == ["r"]  # the run that ran out passed r on
 
@@ -171,8 +175,8 @@ def a_key_with_nothing_left_is_forgotten(h: Harness) -> None:
     assert h.ask("r", "A") == RUN
     assert h.finish("r", "A") == []
     assert h.ask("r2", "A", sent=h.later()) == RUN
-    assert h.holds.step_aside(KEY, "r2", "A", 0.0, 0.2)
-    h.advance(0.35)
+    assert h.holds.step_aside(KEY, "r2", "A", 0.0, SHORT_LEASE)
+    h.advance(PAST_SHORT_LEASE)
     assert h.ask("x", "B", sent=h.later()) == RUN  # the stepped-aside hold ran out
     assert h.finish("x", "B") == ["r2"]  # and x covered it
 
@@ -238,9 +242,9 @@ def covered_messages_keep_their_ending_until_the_run_covering_them_ends(h: Harne
     verdict = h.ask("late", "B", sent=h.now() - 60.0, context="{late}")
     assert verdict == covered("w") and verdict.ended  # it ends where it is: nothing kept
     # the dead run's callers pass on with their contexts; the dead run's own id has none
-    assert h.ask("x", "A", lease=0.2, sent=h.later()) == RUN
+    assert h.ask("x", "A", lease=SHORT_LEASE, sent=h.later()) == RUN
     assert h.ask("y", "A", sent=h.now() - 0.001, context="{y}") == covered("x")
-    h.advance(0.35)
+    h.advance(PAST_SHORT_LEASE)
     assert h.ask("z", "B", sent=h.later()) == RUN
     assert h.endings("z", "B") == {"x": "", "y": "{y}"}
     # keep="last": the replaced waiting run is covered when it asks again

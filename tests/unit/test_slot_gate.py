@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from celery import Celery, shared_task
 from celery.worker import state as worker_state
+from redis.exceptions import ConnectionError as StoreConnectionError
+from redis.exceptions import TimeoutError as StoreTimeout
 
 import celery_extras
 from celery_extras import ExponentialBackoff, PolicyError, compat, concurrency, limit, retry_policy
@@ -19,7 +21,9 @@ from celery_extras.admission.pipeline import Pipeline
 from celery_extras.admission.registry import TaskPolicies, policies_of
 from celery_extras.concurrency.gate import SlotGate
 from celery_extras.concurrency.slot_table import SlotTable, WaitQueues
+from celery_extras.concurrency.slots import Grant, StoreSlots
 from celery_extras.concurrency.spec import ConcurrencySpec
+from celery_extras.store.client import store_user
 from tests.support import worker_state as worker_state_support
 from tests.support.clock import FakeClock
 from tests.support.fake_consumer import Consumer
@@ -320,3 +324,96 @@ def test_worker_scope_needs_no_store_and_logs_nothing(caplog: pytest.LogCaptureF
         assert caplog.records == [] and slots.gate.info()["store"] == "ok"
     finally:
         slots.stop()
+
+
+class LosingSlots:
+    """A store of global slots (a ``RedisSlots``' calls) that does every take, and loses
+    the reply while :attr:`losing` (the path stalls: the call times out after the store did
+    it); it records what it holds and what it was asked to free."""
+
+    def __init__(self) -> None:
+        self.losing = False
+        self.failing_release = False
+        self.held: set[str] = set()
+        self.freed: list[str] = []
+
+    def acquire_call(self, name: str, key: str, holder: str, *args: Any) -> Any:
+        def take() -> int:
+            self.held.add(holder)
+            if self.losing:
+                raise StoreTimeout("no reply from the store in 0.25 s")
+            return 0
+
+        return take
+
+    def acquired(self, reply: Any) -> float:
+        return float(reply)
+
+    def release(self, name: str, key: str, holder: str) -> bool:
+        if self.failing_release:
+            raise StoreTimeout("no reply from the store in 0.25 s")
+        self.freed.append(holder)
+        found = holder in self.held
+        self.held.discard(holder)
+        return found
+
+    def release_call(self, name: str, key: str, holder: str) -> Any:
+        return lambda: self.release(name, key, holder)
+
+
+def test_a_slot_the_store_may_hold_for_nobody_is_freed_once_it_answers() -> None:
+    """A take whose reply was lost, or a failed release, leaves a slot the store may hold
+    though no request uses it: freed (``settle``) once the store answers, not kept until
+    its lease ends; one asked again under its holder and answered is in use, not freed;
+    one past its lease is forgotten; a take the store refused the connection to did nothing."""
+    clock = FakeClock(100.0)
+    app = make_app("unit-settle")
+    health = store_user(app, logging.getLogger("t"), "concurrency slots", "-", clock)
+    redis = LosingSlots()
+    slots = StoreSlots(lambda: redis, health, "w", clock)  # type: ignore[arg-type,return-value]
+    b = ("t", "")
+
+    redis.losing = True
+    assert slots.acquire(b, "h1", 1, 30.0, more=False) is None  # lost: the store holds h1
+    assert slots.unsure == {(b, "h1"): 130.0} and redis.held == {"h1"}
+    slots.settle()
+    assert redis.freed == []  # the store backs off: asked when it may answer
+    clock.now = 101.5
+    redis.losing = False
+    slots.settle()
+    assert redis.freed == ["h1"] and redis.held == set() and slots.unsure == {}
+
+    redis.losing = True
+    clock.now = 103.0
+    assert slots.acquire(b, "h2", 1, 30.0, more=False) is None
+    redis.losing = False
+    clock.now = 104.5
+    assert slots.acquire(b, "h2", 1, 30.0, more=False) == 0.0  # asked again: held, in use
+    slots.settle()
+    assert slots.unsure == {} and redis.freed == ["h1"] and redis.held == {"h2"}
+
+    redis.failing_release = True
+    slots.release(Grant(b, "h2", slots, 30.0, clock.now))  # fails: the store holds h2
+    assert slots.unsure == {(b, "h2"): 134.5}
+    redis.failing_release = False
+    clock.now = 106.0
+    slots.settle()
+    assert redis.freed == ["h1", "h2"] and slots.unsure == {}
+
+    redis.losing = True
+    assert slots.acquire(b, "h3", 1, 30.0, more=False) is None
+    clock.now = 136.5  # past its lease: the store let it go itself
+    redis.losing = False
+    slots.settle()
+    assert slots.unsure == {} and redis.freed == ["h1", "h2"]
+
+    asked: list[str] = []
+
+    def refused(name: str, key: str, holder: str, *args: Any) -> Any:
+        asked.append(holder)
+        raise StoreConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+    redis.acquire_call = refused  # type: ignore[method-assign]
+    clock.now = 140.0
+    assert slots.acquire(b, "h4", 1, 30.0, more=False) is None
+    assert asked == ["h4"] and slots.unsure == {}

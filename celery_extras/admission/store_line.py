@@ -1,0 +1,209 @@
+"""Admission rounds sent on the worker's event loop without waiting for their replies.
+
+A round (:mod:`.store_round`) made as a call blocks the consumer's loop for its round trip,
+and redis-py's command path costs the loop more CPU than the trip itself. A
+:class:`StoreLine` keeps one connection of the store's pool for the loop's rounds: it
+writes a round and returns; the loop goes on (the next message, a result of the pool)
+and reads the replies when the socket is readable. Rounds that arrive while a write is
+answered go out together, as one write of several ``EVALSHA``, when its replies are in:
+a busy worker admits several tasks per round trip, and the loop never waits on the store.
+
+A round the line cannot make (no connection, a reset) is answered :data:`NO_REPLY`: its
+gates then ask the store alone, through the client and its retry, as when no round is
+made. A write unanswered within the store's timeout is answered with the timeout, as a
+call that timed out would have been. No Celery import.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as StoreTimeout
+
+from ..scripts import StoreScript
+from .store_round import NO_REPLY
+
+__all__ = ["StoreLine"]
+
+logger = logging.getLogger(__name__)
+
+#: What :meth:`StoreLine._read` gives for a script the store does not have (``NOSCRIPT``).
+_LOST_SCRIPT: Any = object()
+
+
+@dataclass
+class _Round:
+    """One script call of the line and whom to tell its reply."""
+
+    script: StoreScript
+    command: tuple[Any, ...]
+    answer: Callable[[Any], None]
+
+
+class StoreLine:
+    """Rounds of one loop (*watch*: ``(fd, callback)`` registers a reader, ``(fd, None)``
+    removes it) on a connection of *client*'s pool; a write unanswered after *timeout*
+    seconds fails (see :meth:`tick`)."""
+
+    def __init__(
+        self,
+        client: Any,
+        watch: Callable[[int, Callable[[], None] | None], None],
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+        counts: Counter[str] | None = None,
+    ) -> None:
+        self.client = client
+        self.watch = watch
+        self.timeout = timeout
+        self.clock = clock  # real time: a socket's wait, whatever clock the tasks see
+        #: rounds written, writes, connections lost (*counts*: added to a caller's counter)
+        self.counts: Counter[str] = Counter() if counts is None else counts
+        self._connection: Any = None
+        self._fd: int | None = None
+        self._queued: list[_Round] = []
+        self._sent: list[_Round] = []
+        self._since = 0.0
+        self._answering = False
+
+    def send(
+        self, script: StoreScript, keys: Sequence[str], args: Sequence[Any],
+        answer: Callable[[Any], None],
+    ) -> None:  # fmt: skip
+        """Make *script*'s call (the time first when it is timed, now) and call *answer*
+        with its reply, the :class:`~redis.exceptions.ResponseError` it raised, a
+        timeout, or :data:`NO_REPLY`, later, from the loop."""
+        command = ("EVALSHA", script.sha, len(keys), *keys, *script.args(args))
+        self._queued.append(_Round(script, command, answer))
+        if not self._sent and not self._answering:
+            self._write()
+
+    def in_flight(self) -> int:
+        """Rounds written or waiting to be, unanswered."""
+        return len(self._sent) + len(self._queued)
+
+    def readable(self) -> None:
+        """The connection's socket is readable: the written rounds' replies are read (all
+        of one write come together) and answered, then the rounds queued meanwhile go."""
+        rounds, self._sent = self._sent, []
+        replies: list[Any] = []
+        try:
+            if not rounds:  # nothing asked: the store closed the connection
+                raise ConnectionError("the store closed the connection")
+            for _ in rounds:
+                replies.append(self._read())
+        except Exception as exc:
+            self._lost(exc)
+        replies += [NO_REPLY] * (len(rounds) - len(replies))
+        self._answer(rounds, replies)
+        if not self._sent:
+            self._write()
+
+    def tick(self) -> None:
+        """A write unanswered for longer than the timeout: the store stalls; its rounds are
+        answered with a timeout (the gates meet it as their call's), the connection closed.
+        The rounds queued meanwhile are not written to the stalled store: they are answered
+        :data:`NO_REPLY` (each gate asks alone, and finds the store backing off)."""
+        if self._sent and self.clock() - self._since > self.timeout:
+            rounds, self._sent = self._sent, []
+            exc = StoreTimeout(f"no reply from the store in {self.timeout:g} s")
+            self._lost(exc)
+            self._answer(rounds, [exc] * len(rounds))
+            queued, self._queued = self._queued, []
+            self._answer(queued, [NO_REPLY] * len(queued))
+
+    def drain(self) -> None:
+        """Answer every round now, waiting for the store (the loop stops): what was written
+        is read, then what was queued is written and read."""
+        while self.in_flight():
+            if self._sent:
+                self.readable()
+            else:
+                self._write()
+
+    def close(self) -> None:
+        """Answer every round (:meth:`drain`), then give the connection back."""
+        self.drain()
+        self._disconnect()
+
+    # -- the connection ------------------------------------------------------------------
+
+    def _write(self) -> None:
+        rounds, self._queued = self._queued, []
+        if not rounds:
+            return
+        try:
+            connection = self._connect()
+            connection.send_packed_command(
+                connection.pack_commands([r.command for r in rounds]), check_health=False
+            )
+        except Exception as exc:
+            self._lost(exc)
+            self._answer(rounds, [NO_REPLY] * len(rounds))
+            return
+        self._sent, self._since = rounds, self.clock()
+        self.counts["rounds"] += len(rounds)
+        self.counts["writes"] += 1
+
+    def _read(self) -> Any:
+        """The next reply (a :class:`ResponseError` as a value); a script the store lost is
+        loaded again, and its round answered :data:`NO_REPLY` (its gates ask alone)."""
+        try:
+            return self._connection.read_response()
+        except NoScriptError:
+            return _LOST_SCRIPT
+        except ResponseError as exc:
+            return exc
+
+    def _connect(self) -> Any:
+        if self._connection is None:
+            pool = self.client.connection_pool
+            try:
+                self._connection = pool.get_connection()
+            except TypeError:  # redis-py before 5.3 wants a command's name
+                self._connection = pool.get_connection("EVALSHA")
+            self._fd = self._connection._sock.fileno()  # redis-py keeps no public one
+            self.watch(self._fd, self.readable)
+        return self._connection
+
+    def _lost(self, exc: BaseException) -> None:
+        """The connection failed (*exc*): it goes; the next write takes another."""
+        self.counts["failed"] += 1
+        logger.debug("celery-extras: the admission line lost its connection: %r", exc)
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        connection, self._connection = self._connection, None
+        if self._fd is not None:
+            self.watch(self._fd, None)
+            self._fd = None
+        if connection is not None:
+            connection.disconnect()
+            self.client.connection_pool.release(connection)
+
+    def _answer(self, rounds: list[_Round], replies: list[Any]) -> None:
+        self._answering = True
+        try:
+            for round_, reply in zip(rounds, replies, strict=True):
+                if reply is _LOST_SCRIPT:
+                    reply = self._reload(round_.script)
+                try:
+                    round_.answer(reply)
+                except Exception:
+                    logger.exception("celery-extras: answering an admission round failed")
+        finally:
+            self._answering = False
+
+    def _reload(self, script: StoreScript) -> Any:
+        """The store lost *script* (restarted, flushed): loaded again for the next rounds."""
+        try:
+            self.client.script_load(script.text)
+        except Exception as exc:
+            logger.debug("celery-extras: could not load a script again: %r", exc)
+        return NO_REPLY
