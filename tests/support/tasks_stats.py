@@ -43,6 +43,22 @@ def first_run(task: Task) -> bool:
         client.close()
 
 
+def exit_once_accepted(task: Task) -> None:
+    """Kill this pool child, once its worker has read that it started the task.
+
+    A child that dies before its parent reads the "accepted" note is not a lost job to
+    billiard: the job is written again to another child, on the same delivery (one
+    ``received``, no rejection). Waiting until ``inspect active`` lists the task makes
+    the ending the one the test names.
+    """
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        replies = task.app.control.inspect([task.request.hostname], timeout=1).active() or {}
+        if any(t["id"] == task.request.id for ts in replies.values() for t in ts):
+            break
+    os._exit(3)
+
+
 @shared_task(name="tests.stats.succeeds")
 def succeeds(x: Any = None) -> Any:
     return x
@@ -124,16 +140,16 @@ def hard_limit() -> None:
     time.sleep(10)  # the pool kills the child
 
 
-@shared_task(name="tests.stats.exits")
-def exits() -> None:
+@shared_task(bind=True, name="tests.stats.exits")
+def exits(self: Task) -> None:
     """The child dies: WorkerLostError, acked on receipt, so a failure."""
-    os._exit(3)
+    exit_once_accepted(self)
 
 
-@shared_task(name="tests.stats.exits_late", acks_late=True, reject_on_worker_lost=False)
-def exits_late() -> None:
+@shared_task(bind=True, name="tests.stats.exits_late", acks_late=True, reject_on_worker_lost=False)
+def exits_late(self: Task) -> None:
     """The child dies with acks_late: a failure (the message is acked)."""
-    os._exit(3)
+    exit_once_accepted(self)
 
 
 @shared_task(
@@ -142,7 +158,7 @@ def exits_late() -> None:
 def exits_late_requeued(self: Task) -> str:
     """The child dies on the first delivery: requeued (rejected), then succeeds."""
     if first_run(self):
-        os._exit(3)
+        exit_once_accepted(self)
     return "second delivery"
 
 
