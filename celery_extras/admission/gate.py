@@ -160,8 +160,9 @@ class Gate:
         """The store call :meth:`admit` makes first for an arriving *ticket*, as data (what
         it chose for the call, such as a holder id, kept in the ticket's notes), so that the
         pipeline makes it in one round with the other gates' calls; ``None`` when it would
-        make none, or none known before it is asked. Its predicate must say what
-        :meth:`admit` answers: it passes exactly when :meth:`admit` answers :data:`RUN`."""
+        make none, or none known before it is asked; :data:`~.store_round.PASSES` when
+        :meth:`admit` answers :data:`RUN` without asking the store. Its predicate must say
+        what :meth:`admit` answers: it passes exactly when :meth:`admit` answers :data:`RUN`."""
         return None
 
     def ending_call(self, ticket: Ticket) -> StoreCall | None:

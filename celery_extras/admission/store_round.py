@@ -24,7 +24,16 @@ from redis.crc import key_slot
 
 from ..scripts import NOW, StoreScript, register
 
-__all__ = ["ALWAYS", "NO_REPLY", "StoreCall", "StoreRound", "answered", "deliver", "handed"]
+__all__ = [
+    "ALWAYS",
+    "NO_REPLY",
+    "PASSES",
+    "StoreCall",
+    "StoreRound",
+    "answered",
+    "deliver",
+    "handed",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +41,9 @@ logger = logging.getLogger(__name__)
 ALWAYS = "true"
 #: What a gate reads when no round made its call (it asks the store itself)
 NO_REPLY: Any = object()
+#: What a gate hands over instead of a call when it lets the task on without asking the
+#: store (the round goes on to the next gate's call)
+PASSES: Any = object()
 
 
 @dataclass(frozen=True)
@@ -162,7 +174,8 @@ class StoreRound:
 
 def handed(ticket: Any, gates: Sequence[Any], asker: str) -> tuple[list[str], list[StoreCall]]:
     """The calls *gates* hand over for *ticket* with their *asker* (``arrival_call``,
-    ``ending_call``), up to the first that hands none, and the gates' labels."""
+    ``ending_call``), up to the first that hands none, and the gates' labels (a gate that
+    hands :data:`PASSES` has no call in the round)."""
     labels, calls = [], []
     for gate in gates:
         try:
@@ -172,6 +185,8 @@ def handed(ticket: Any, gates: Sequence[Any], asker: str) -> tuple[list[str], li
             break
         if call is None:
             break
+        if call is PASSES:
+            continue
         calls.append(call)
         labels.append(gate.label)
     return labels, calls

@@ -30,11 +30,11 @@ from typing import Any
 from celery import Celery
 
 from ..admission.gate import RUN, Answer, Gate, Hold, Refuse, Ticket
-from ..admission.store_round import NO_REPLY, StoreCall
+from ..admission.store_round import NO_REPLY, PASSES, StoreCall
 from ..clock import monotonic
 from ..signals import task_rate_limited, task_shadow_limited
 from ..store.client import redis_client, store_key, store_user
-from .planner import LimitPlanner
+from .planner import AHEAD, LimitPlanner
 from .rate import format_rate
 from .redis_bucket import GlobalTokenBucket
 from .spec import limit_id
@@ -141,14 +141,16 @@ class LimitGate(Gate):
         if arrival is None:
             return None
         ticket.notes[ARRIVAL_NOTE] = arrival
-        return arrival[1]
+        return PASSES if arrival is AHEAD else arrival[1]
 
     def admit(self, ticket: Ticket) -> Answer:
         self.waiting.discard(id(ticket.request))
         booking: Booking | None = ticket.notes.pop(self.label, None)
         arrival = ticket.notes.pop(ARRIVAL_NOTE, None)
         reply = ticket.reply(self.label)
-        if reply is not NO_REPLY:
+        if arrival is AHEAD:
+            plan = self.planner.ahead_plan()
+        elif reply is not NO_REPLY:
             plan = self.planner.plan(ticket.name, ticket.request, arrived=(*arrival, reply))
         elif booking is not None and self._keeps(ticket.name, booking):
             plan = self.planner.plan(ticket.name, ticket.request, booking.due, booking.limit,
@@ -251,6 +253,7 @@ class LimitGate(Gate):
             "by_limit": self.by_limit,
             "waiting": len(self.waiting),
             **self.counts,
+            "booked_ahead": planner.ahead.spent,
             "store_errors": planner.store.errors,
             **planner.store.info(),
             "on_store_error": planner.on_store_error,

@@ -21,12 +21,13 @@ from ..admission.spec import call_key
 from ..admission.store_round import StoreCall
 from ..bounds import MAX_WAIT
 from .all_of import admit_all
+from .booked_ahead import BookedAhead
 from .redis_bucket import LimitTake
 from .spec import CostError, LimitSpec, limit_id
 from .token_bucket import TokenBucket
 from .worker_limits import WorkerLimits
 
-__all__ = ["LATE_CAP", "LATE_FLOOR", "LimitPlanner", "Plan"]
+__all__ = ["AHEAD", "LATE_CAP", "LATE_FLOOR", "LimitPlanner", "Plan"]
 
 logger = logging.getLogger("celery_extras.limits.gate")
 
@@ -42,6 +43,10 @@ LATE_CAP = 0.5
 #: it parked: they come back to any worker, so each worker receives more than it can
 #: run and none idles while another holds two (the surplus is held or parked again).
 PARKED_PACE = 2.0
+
+#: What :meth:`LimitPlanner.arrival_call` gives for a task admitted on a call booked ahead
+#: (:mod:`.booked_ahead`): it goes now, the store unasked.
+AHEAD: Any = object()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +77,18 @@ class Plan:
     taken: frozenset[int] = frozenset()
     error: str = ""
 
+    @classmethod
+    def held(cls, wait: float, now: float, limit: int | None, held_by: int, fallback: bool,
+             max_hold: float) -> Plan:  # fmt: skip
+        """Hold for *wait* in the worker, or park it when longer than *max_hold* (never a
+        fallback slot: the store does not know it; never one of several limits taken)."""
+        if wait > max_hold and not fallback and limit is not None:
+            return cls(
+                action="park", wait=wait, booked=True, due=now + wait, limit=limit, held_by=held_by
+            )
+        return cls(action="hold", wait=wait, booked=True, due=now + wait, fallback=fallback,
+                   limit=limit, held_by=held_by)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class _Call:
@@ -92,6 +109,11 @@ class _Call:
 
 class LimitPlanner(WorkerLimits):
     """What to do with each arriving task of one worker's limits (see the module)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: the next calls of a task whose limits do not bind, booked with one that goes now
+        self.ahead = BookedAhead(self.clock)
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -120,9 +142,11 @@ class LimitPlanner(WorkerLimits):
         rate = max(self.effective(limit_id(name, i), "", specs[i])[0] for i in chosen)
         return min(LATE_CAP, max(LATE_FLOOR, 0.5 / rate))
 
-    def arrival_call(self, name: str, request: Any) -> tuple[list[_Call], StoreCall] | None:
-        """The limits an arriving task of *name* meets, and :meth:`plan`'s store call as data;
-        ``None`` unless the store alone decides (all limits global, enforcing, no fallback debt)."""
+    def arrival_call(self, name: str, request: Any) -> tuple[list[_Call], StoreCall] | Any:
+        """The limits an arriving task of *name* meets, and :meth:`plan`'s store call as data
+        (booking the task's next calls ahead when they come fast); :data:`AHEAD` when it
+        takes a call booked before (it goes now: :meth:`ahead_plan`); ``None`` unless the
+        store alone decides (all limits global, enforcing, no fallback debt)."""
         specs = self.specs[name]
         if any(s.scope != "global" or self.shadow(s) for s in specs) or not self.store.up():
             return None
@@ -132,12 +156,26 @@ class LimitPlanner(WorkerLimits):
             return None
         if any(self.buckets.fell_back(c.id, c.key) for c in calls):
             return None
+        bucket = _ahead_key(name, calls)
+        if self.ahead.spend(bucket):
+            return AHEAD
+        horizon = self._ahead_horizon(name)
         try:  # it reads the stored run-time rates now and then: the store may fail
             return calls, self.global_bucket().acquire_call(
-                name, [c.take() for c in calls], (), 0.0, len(specs) > 1)  # fmt: skip
+                name, [c.take() for c in calls], (), 0.0, len(specs) > 1,
+                self.ahead.wanted(bucket, horizon), horizon)  # fmt: skip
         except Exception as exc:  # plan() takes the outage's way
             self.store.failed(exc)
             return None
+
+    def ahead_plan(self) -> Plan:
+        """The plan of a task admitted on a call booked ahead: it runs."""
+        return Plan(action="run", wait=0.0, booked=True, due=self.clock())
+
+    def _ahead_horizon(self, name: str) -> float:
+        """How far from its slot a call booked ahead may be spent: half the tightest late
+        tolerance (its slot comes within it, and it is spent within it of the booking)."""
+        return self.late_tolerance(name, None) / 2
 
     def plan(
         self,
@@ -249,6 +287,9 @@ class LimitPlanner(WorkerLimits):
             acquired = (store.acquired(*answered) if answered is not None else
                         store.acquire(name, *takes, wait, several))  # fmt: skip
             self.store.answered()
+            if acquired.ahead:
+                self.ahead.booked(_ahead_key(name, remote), acquired.ahead,
+                                  self._ahead_horizon(name))  # fmt: skip
             wait = acquired.wait
             if acquired.binding is not None:
                 binding = remote[acquired.binding]
@@ -281,7 +322,7 @@ class LimitPlanner(WorkerLimits):
             fell_back = fallback and binding.spec.scope == "global"
             if binding.spec.scope == "global" and not fell_back:
                 wait = self.buckets.after_fallback(binding.id, binding.key, wait)
-            held = self._held(wait, now, binding.index, binding.index, fell_back)
+            held = Plan.held(wait, now, binding.index, binding.index, fell_back, self.max_hold)
             return replace(held, taken=frozenset(taken - {binding.index}))
         # admitted: every limit is taken now; the shadow ones say what they would have done
         for c in shadow_local:
@@ -292,7 +333,8 @@ class LimitPlanner(WorkerLimits):
         debt = max([0.0] + [self.buckets.after_fallback(c.id, c.key, 0.0) for c in remote])
         if debt > 0:  # a fallback bucket handed out slots during an outage: wait them out
             only = remote[0].index if len(local) + len(remote) == 1 else None
-            return replace(self._held(debt, now, only, remote[0].index, False), shadowed=shadowed)
+            held = Plan.held(debt, now, only, remote[0].index, False, self.max_hold)
+            return replace(held, shadowed=shadowed)
         return Plan(
             action="run", wait=0.0, booked=True, due=now, verified=verified, shadowed=shadowed
         )
@@ -308,38 +350,18 @@ class LimitPlanner(WorkerLimits):
         schedule.charge_until(bucket.booked_until())
         wait = max(wait, min(MAX_WAIT, schedule.reserve(call.cost, MAX_WAIT)))
         now = self.clock()
-        return Plan(
-            action="park",
-            wait=wait,
-            booked=False,
-            due=now + wait,
-            limit=call.index,
-            held_by=call.index,
-        )
-
-    def _held(
-        self, wait: float, now: float, limit: int | None, held_by: int, fallback: bool
-    ) -> Plan:
-        """Hold for *wait* in the worker, or park it when longer than the hold (never a
-        fallback slot: the store does not know it; never one of several limits taken)."""
-        if wait > self.max_hold and not fallback and limit is not None:
-            return Plan(
-                action="park", wait=wait, booked=True, due=now + wait, limit=limit, held_by=held_by
-            )
-        return Plan(
-            action="hold",
-            wait=wait,
-            booked=True,
-            due=now + wait,
-            fallback=fallback,
-            limit=limit,
-            held_by=held_by,
-        )
+        return Plan(action="park", wait=wait, booked=False, due=now + wait, limit=call.index,
+                    held_by=call.index)  # fmt: skip
 
     def _bucket_of(self, call: _Call, fallback: bool) -> TokenBucket:
         if call.spec.scope == "worker" or not fallback:
             return self._local(call.id, call.key, call.rate, call.burst)
         return self.buckets.fallback(call.id, call.key, call.rate, call.burst)
+
+
+def _ahead_key(name: str, calls: list[_Call]) -> tuple[Any, ...]:
+    """What calls booked ahead are kept under: the task, and its buckets and costs."""
+    return name, *((c.id, c.key, c.cost) for c in calls)
 
 
 def _first(calls: list[_Call]) -> int | None:

@@ -85,12 +85,13 @@ class LimitTake:
 class Acquired:
     """What the store answered: the seconds to wait (0: every take was taken), the index of
     the enforcing take that makes the call wait that long (``None``: the floor does), each
-    take's own wait, and which takes were booked."""
+    take's own wait, which takes were booked, and the next calls booked *ahead*."""
 
     wait: float
     binding: int | None
     waits: tuple[float, ...]
     booked: tuple[bool, ...]
+    ahead: int = 0
 
 
 class Override:
@@ -172,10 +173,15 @@ class GlobalTokenBucket:
 
     def acquire_call(self, task: str, enforcing: Sequence[LimitTake],
                      shadow: Sequence[LimitTake] = (), floor: float = 0.0,
-                     tagged: bool = False) -> StoreCall:  # fmt: skip
-        """:meth:`acquire`'s script call, as data: it passes when the task goes now."""
+                     tagged: bool = False, ahead: int = 0,
+                     horizon: float = 0.0) -> StoreCall:  # fmt: skip
+        """:meth:`acquire`'s script call, as data: it passes when the task goes now. When it
+        does, up to *ahead* next calls are booked too, if their slots come within *horizon*
+        seconds (see ``scripts/bucket_acquire.lua``)."""
         tag = task if tagged else None
-        keys, args = [], [int(MAX_WAIT * 1_000_000), math.ceil(floor * 1_000_000), len(enforcing)]
+        keys = []
+        args = [int(MAX_WAIT * 1_000_000), math.ceil(floor * 1_000_000), len(enforcing),
+                ahead, int(horizon * 1_000_000)]  # fmt: skip
         for take in [*enforcing, *shadow]:
             rate, burst = self.effective(take)
             bucket = self.bucket_key(take.limit, take.key, tag)
@@ -195,7 +201,7 @@ class GlobalTokenBucket:
             new_tat = int(reply[3 + 2 * i])
             booked.append(bool(new_tat))
             if new_tat:
-                interval_us, burst = args[3 + 5 * i], args[4 + 5 * i]
+                interval_us, burst = args[5 + 5 * i], args[6 + 5 * i]
                 self._remember(bucket, new_tat, int(reply[2 + 2 * i]), interval_us, burst)
         binding = int(reply[1])
         return Acquired(
@@ -203,6 +209,7 @@ class GlobalTokenBucket:
             binding=binding - 1 if binding else None,
             waits=tuple(int(reply[2 + 2 * i]) / 1_000_000 for i in range(len(keys))),
             booked=tuple(booked),
+            ahead=int(reply[2 + 2 * len(keys)]),
         )
 
     def effective(self, take: LimitTake) -> tuple[float, int]:

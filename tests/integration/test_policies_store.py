@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 
 from celery_extras.bounds import MAX_WAIT
 from celery_extras.limits.rate import MIN_RATE
-from celery_extras.limits.redis_bucket import GlobalTokenBucket
+from celery_extras.limits.redis_bucket import GlobalTokenBucket, LimitTake
 from tests.support.brokers import REDIS_URL
 from tests.support.clock import simulated
 
@@ -87,9 +89,6 @@ def test_several_limits_in_one_script_follow_the_pure_rule(bucket: GlobalTokenBu
     """The script and :func:`~celery_extras.limits.all_of.admit_all` (through the fake
     store on a clock that reads Redis' own) give the same waits, bindings and bookings for
     one sequence of calls: broad and per-key buckets, costs, a floor, shadow buckets."""
-    import time
-
-    from celery_extras.limits.redis_bucket import LimitTake
     from tests.support.fake_global import FakeGlobal
 
     client = bucket.client
@@ -119,3 +118,57 @@ def test_several_limits_in_one_script_follow_the_pure_rule(bucket: GlobalTokenBu
         assert real.wait == pytest.approx(modelled.wait, abs=0.005)
         assert real.waits == pytest.approx(modelled.waits, abs=0.005)
         time.sleep(0.001)
+
+
+def _acquire_ahead(bucket: GlobalTokenBucket, takes: list[Any], ahead: int, horizon: float,
+                   shadow: tuple[Any, ...] = ()) -> Any:  # fmt: skip
+    call = bucket.acquire_call("t", takes, shadow, 0.0, len(takes) > 1, ahead, horizon)
+    return bucket.acquired(call, call())
+
+
+def test_a_fast_bucket_books_ahead_up_to_the_count_asked_and_moves_for_one(
+    bucket: GlobalTokenBucket,
+) -> None:
+    """10,000/s, burst 1, a fresh (full) bucket: 100 slots of 100 us passed unused within
+    a 10 ms horizon, 32 asked, 32 booked; the bucket's time moves for the call that goes
+    now alone (the slots booked ahead are past)."""
+    take = LimitTake("t", "", 10_000.0, 1, 1)
+    assert _acquire_ahead(bucket, [take], 32, 0.01).ahead == 32
+    tat = int(bucket.client.get(bucket.bucket_key("t")) or 0)
+    seconds, micros = bucket.client.time()
+    assert tat - (seconds * 1_000_000 + micros) <= 100
+
+
+def test_nothing_is_booked_ahead_when_a_bucket_binds_or_a_shadow_limit_watches(
+    bucket: GlobalTokenBucket,
+) -> None:
+    """10/s: a slot every 100 ms, none within a 50 ms horizon, even of a full bucket; the
+    next call waits. A shadow limit's bucket is taken only when the call goes: none."""
+    slow = LimitTake("t", "", 10.0, 5, 1)
+    assert _acquire_ahead(bucket, [slow], 10, 0.05).ahead == 0
+    fast = LimitTake("t#1", "", 100_000.0, 1, 1)
+    shadow = (LimitTake("t#2", "", 100_000.0, 1, 1),)
+    assert _acquire_ahead(bucket, [fast], 10, 0.05, shadow).ahead == 0
+
+
+def test_several_buckets_book_ahead_what_the_tightest_let_pass(bucket: GlobalTokenBucket) -> None:
+    """Both buckets of a call book the same calls ahead: as many as the tighter one let
+    pass within the horizon (1,000/s: 10 in 10.5 ms), and move for one call."""
+    fast = LimitTake("t", "", 100_000.0, 1, 1)
+    tighter = LimitTake("t#1", "", 1_000.0, 1, 1)
+    got = _acquire_ahead(bucket, [fast, tighter], 32, 0.0105)
+    assert got.ahead == 10 and got.booked == (True, True)
+    assert 0 < _acquire_ahead(bucket, [fast, tighter], 32, 0.0105).wait <= 0.001
+
+
+def test_only_a_bucket_that_stood_full_books_ahead_as_many_slots_as_it_let_pass(
+    bucket: GlobalTokenBucket,
+) -> None:
+    """1,000/s, burst 5, a horizon of 50 ms: a bucket just taken is not full (it may
+    bind: a call booked ahead and not spent would be capacity lost), and books none
+    ahead; left 20 ms, it is full again after 1 ms and let about 19 slots pass."""
+    take = LimitTake("t", "", 1_000.0, 5, 1)
+    assert _acquire_ahead(bucket, [take], 0, 0.05).ahead == 0
+    assert _acquire_ahead(bucket, [take], 32, 0.05).ahead == 0
+    time.sleep(0.02)
+    assert 12 <= _acquire_ahead(bucket, [take], 32, 0.05).ahead <= 22

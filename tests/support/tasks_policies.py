@@ -10,8 +10,8 @@ from celery_extras import ExponentialBackoff, limit, retry_memory, retry_policy
 
 from .journal import Journal
 
-__all__ = ["BACKOFF", "exhaust", "flaky", "global20", "kill_early", "kill_late", "per_key",
-           "store_down", "tunable", "worker10"]  # fmt: skip
+__all__ = ["BACKOFF", "exhaust", "flaky", "global20", "global100", "global5000", "kill_early",
+           "kill_late", "per_key", "store_down", "tunable", "worker10"]  # fmt: skip
 
 #: The backoff of ``flaky``: 0.3, 0.6, 1.2, 1.5, 1.5 ... seconds.
 BACKOFF = ExponentialBackoff(base=0.3, cap=1.5)
@@ -24,6 +24,23 @@ def _note(task: Task, **fields: Any) -> None:
 @limit("20/s", burst=2, scope="global")
 @shared_task(bind=True, name="tests.policies.global20")
 def global20(self: Task, tag: Any = None) -> Any:
+    _note(self, tag=tag)
+    return tag
+
+
+@limit("100/s", scope="global")
+@shared_task(bind=True, name="tests.policies.global100")
+def global100(self: Task, tag: Any = None) -> Any:
+    """A slot every 10 ms, two within a booked slot's late tolerance; one worker's drain
+    is faster: the limit binds."""
+    _note(self, tag=tag)
+    return tag
+
+
+@limit("5000/s", scope="global")
+@shared_task(bind=True, name="tests.policies.global5000")
+def global5000(self: Task, tag: Any = None) -> Any:
+    """Faster than one worker drains: the bucket stands idle between its calls."""
     _note(self, tag=tag)
     return tag
 

@@ -30,7 +30,7 @@ SHA1 = {
     "slot_store.RELEASE_SCRIPT": "40dc38fa075c488c9d18d54ba217c289105cdd25",
     "slot_store.RENEW_SCRIPT": "ca8f1e59ee38e3674a4ceee2d151e6a6ce2bf1b4",
     "slot_store.TICKET_SCRIPT": "798d8ff4ddf638cfb40e3d85491cf2fa2596efa1",
-    "global_bucket.ACQUIRE_SCRIPT": "e2a3cc5cf41a613e208112acdd96facd9dccb290",
+    "global_bucket.ACQUIRE_SCRIPT": "9cb5527e8650f7524b00b6a406474fe2a4bbfe9e",
     "revoke_store._WRITE": "fb433594f243355236d11b773fa40cb0ec25d3cd",
     "revoke_store._PROBE": "d10df296eaa33eea0d2edee8d1398f9cf6a796cd",
     "revoke_store._PULL": "94ac9ba0bf9dbed761ddf817574fd23331519195",
