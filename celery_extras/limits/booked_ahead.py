@@ -1,13 +1,13 @@
 """Calls a worker booked ahead in a global bucket, spent by its next arrivals unasked.
 
 A worker draining a task whose global limit does not bind asks the store once per task.
-When the task's calls arrive faster than the late tolerance of a booked slot, the store
-books the next few with the one that goes now (``scripts/bucket_acquire.lua``), if the
-bucket has their slots within a horizon: the worker's next arrivals spend them, each
-within that horizon of its slot, so the limit stays as exact as a slot used late. How
-many to ask for: the arrivals expected within the horizon, from the average gap between
-the last ones, so that few go unspent (an unspent one is capacity lost, never gained).
-No Celery import.
+When the task's calls arrive within the late tolerance of a booked slot of each other,
+the store books the next few with the one that goes now (``scripts/bucket_acquire.lua``),
+on slots the bucket let pass unused within a horizon (half that tolerance) while it
+stood full: the worker's next arrivals spend them within the horizon, so each is late by
+at most the tolerance, never early. How many to ask for: the arrivals expected within
+the horizon, from the average gap between the last ones, so that few go unspent (one
+unspent is capacity the bucket let pass anyway). No Celery import.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ class LimitPlanner(WorkerLimits):
 
     def arrival_call(self, name: str, request: Any) -> tuple[list[_Call], StoreCall] | Any:
         """The limits an arriving task of *name* meets, and :meth:`plan`'s store call as data
-        (booking the task's next calls ahead when they come fast); :data:`AHEAD` when it
+        (booking the task's next calls ahead when they come often); :data:`AHEAD` when it
         takes a call booked before (it goes now: :meth:`ahead_plan`); ``None`` unless the
         store alone decides (all limits global, enforcing, no fallback debt)."""
         specs = self.specs[name]
@@ -173,8 +173,9 @@ class LimitPlanner(WorkerLimits):
         return Plan(action="run", wait=0.0, booked=True, due=self.clock())
 
     def _ahead_horizon(self, name: str) -> float:
-        """How far from its slot a call booked ahead may be spent: half the tightest late
-        tolerance (its slot comes within it, and it is spent within it of the booking)."""
+        """How long a call booked ahead may wait to be spent: half the tightest late
+        tolerance (its slot passed at most that long before it was booked, so it is spent
+        late by at most the tolerance)."""
         return self.late_tolerance(name, None) / 2
 
     def plan(

@@ -28,7 +28,7 @@ from tests.integration.conftest import (
 from tests.support import proj, tasks_policies
 from tests.support.journal import Journal
 from tests.support.outages import store_outages
-from tests.support.workers import ROOT, wait_for
+from tests.support.workers import ROOT, WorkerProcess, wait_for
 
 #: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
 pytestmark = pytest.mark.exclusive
@@ -82,22 +82,29 @@ def booked_ahead(cluster: Cluster, hostname: str) -> int:
     return int(stats[hostname]["extras_policies"]["booked_ahead"])
 
 
+def drained_once(cluster: Cluster, send: Callable[..., Any], journal: Journal, task: str,
+                 count: int) -> WorkerProcess:  # fmt: skip
+    """*count* of *task* queued, then drained by one worker: each ran once. The worker."""
+    cluster.configure(include=INCLUDE)
+    for i in range(count):
+        send(task, i)
+    worker = cluster.worker("w1", concurrency=2)
+    wait_journal(journal, count, timeout=120, what=f"{count} {task} runs")
+    assert Counter(e["tag"] for e in journal.entries()) == Counter(range(count))  # each once
+    return worker
+
+
 def test_a_global_limit_that_binds_books_hardly_any_ahead_and_loses_no_rate(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:
     """100/s, burst 1: a slot every 10 ms, two within the late tolerance of a booked slot
-    (20 ms). One worker drains faster: the bucket stands idle hardly ever (its tasks held
+    (20 ms). One worker drains faster: the bucket hardly ever stands full (its tasks held
     and parked have booked its slots seconds ahead), so hardly a call is booked ahead
-    (one unspent would be capacity lost: a call for every few tasks, as when it does not
-    bind, would be hundreds); the rate is 100/s, none lost, as without booking ahead.
+    (a call for every few tasks, as when it does not bind, would be hundreds); the rate
+    is 100/s, as without booking ahead.
     (The busiest second is not asserted: with nothing booked ahead, the pool's task
     starts bunch up to 115 in a second on a 2-core VM, as before booking ahead existed.)"""
-    cluster.configure(include=INCLUDE)
-    for i in range(600):
-        send("tests.policies.global100", i)
-    worker = cluster.worker("w1", concurrency=2)
-    wait_journal(journal, 600, timeout=120, what="600 global100 runs")
-    assert Counter(e["tag"] for e in journal.entries()) == Counter(range(600))  # each once
+    worker = drained_once(cluster, send, journal, "tests.policies.global100", 600)
     times = starts(journal, "tests.policies.global100")
     rate, booked = steady_rate(times, burst=1), booked_ahead(cluster, worker.hostname)
     assert 95.0 <= rate <= 101.0, f"achieved {rate:.2f}/s for 100/s ({booked} booked ahead)"
@@ -110,12 +117,7 @@ def test_a_global_limit_that_stands_idle_between_calls_books_them_ahead(
     """5,000/s: one worker's drain leaves the bucket idle between its calls, which come
     faster than the late tolerance (20 ms): the store books the next ones with the one
     that goes now, and the worker spends them without asking; every task runs once."""
-    cluster.configure(include=INCLUDE)
-    for i in range(600):
-        send("tests.policies.global5000", i)
-    worker = cluster.worker("w1", concurrency=2)
-    wait_journal(journal, 600, timeout=120, what="600 global5000 runs")
-    assert Counter(e["tag"] for e in journal.entries()) == Counter(range(600))  # each once
+    worker = drained_once(cluster, send, journal, "tests.policies.global5000", 600)
     assert 150 <= booked_ahead(cluster, worker.hostname) < 600
 
 
