@@ -174,8 +174,7 @@ class LimitPlanner(WorkerLimits):
 
     def _ahead_horizon(self, name: str) -> float:
         """How long a call booked ahead may wait to be spent: half the tightest late
-        tolerance (its slot passed at most that long before it was booked, so it is spent
-        late by at most the tolerance)."""
+        tolerance (its slot passed at most that long before: late by at most the tolerance)."""
         return self.late_tolerance(name, None) / 2
 
     def plan(
