@@ -153,12 +153,13 @@ def test_nothing_is_booked_ahead_when_a_bucket_binds_or_a_shadow_limit_watches(
 
 def test_several_buckets_book_ahead_what_the_tightest_let_pass(bucket: GlobalTokenBucket) -> None:
     """Both buckets of a call book the same calls ahead: as many as the tighter one let
-    pass within the horizon (1,000/s: 10 in 10.5 ms), and move for one call."""
+    pass within the horizon (20/s: 2 in 105 ms), and move for one call (the next waits
+    for the tighter one's next slot, 50 ms on)."""
     fast = LimitTake("t", "", 100_000.0, 1, 1)
-    tighter = LimitTake("t#1", "", 1_000.0, 1, 1)
-    got = _acquire_ahead(bucket, [fast, tighter], 32, 0.0105)
-    assert got.ahead == 10 and got.booked == (True, True)
-    assert 0 < _acquire_ahead(bucket, [fast, tighter], 32, 0.0105).wait <= 0.001
+    tighter = LimitTake("t#1", "", 20.0, 1, 1)
+    got = _acquire_ahead(bucket, [fast, tighter], 32, 0.105)
+    assert got.ahead == 2 and got.booked == (True, True)
+    assert 0 < _acquire_ahead(bucket, [fast, tighter], 32, 0.105).wait <= 0.05
 
 
 def test_only_a_bucket_that_stood_full_books_ahead_as_many_slots_as_it_let_pass(
