@@ -159,7 +159,9 @@ class LimitPlanner(WorkerLimits):
         bucket = _ahead_key(name, calls)
         if self.ahead.spend(bucket):
             return AHEAD
-        horizon = self._ahead_horizon(name)
+        # spent within half the tightest late tolerance, on slots that passed at most that
+        # long before: each late by at most the tolerance
+        horizon = self.late_tolerance(name, None) / 2
         try:  # it reads the stored run-time rates now and then: the store may fail
             return calls, self.global_bucket().acquire_call(
                 name, [c.take() for c in calls], (), 0.0, len(specs) > 1,
@@ -171,11 +173,6 @@ class LimitPlanner(WorkerLimits):
     def ahead_plan(self) -> Plan:
         """The plan of a task admitted on a call booked ahead: it runs."""
         return Plan(action="run", wait=0.0, booked=True, due=self.clock())
-
-    def _ahead_horizon(self, name: str) -> float:
-        """How long a call booked ahead may wait to be spent: half the tightest late
-        tolerance (its slot passed at most that long before: late by at most the tolerance)."""
-        return self.late_tolerance(name, None) / 2
 
     def plan(
         self,
@@ -281,15 +278,16 @@ class LimitPlanner(WorkerLimits):
         shadow_waits: list[tuple[int, float]] = []
         remote_booked: Iterable[tuple[_Call, bool, float]] = ()
         if remote or shadow_remote:
-            several = sum(s.scope == "global" for s in self.specs[name]) > 1
-            takes = [c.take() for c in remote], [c.take() for c in shadow_remote]
             store = self.global_bucket()
-            acquired = (store.acquired(*answered) if answered is not None else
-                        store.acquire(name, *takes, wait, several))  # fmt: skip
+            if answered is not None:  # a round's reply to its call
+                acquired = store.acquired(*answered)
+            else:
+                several = sum(s.scope == "global" for s in self.specs[name]) > 1
+                takes = [c.take() for c in remote], [c.take() for c in shadow_remote]
+                acquired = store.acquire(name, *takes, wait, several)
             self.store.answered()
             if acquired.ahead:
-                self.ahead.booked(_ahead_key(name, remote), acquired.ahead,
-                                  self._ahead_horizon(name))  # fmt: skip
+                self.ahead.booked(_ahead_key(name, remote), acquired.ahead, acquired.horizon)
             wait = acquired.wait
             if acquired.binding is not None:
                 binding = remote[acquired.binding]

@@ -85,13 +85,15 @@ class LimitTake:
 class Acquired:
     """What the store answered: the seconds to wait (0: every take was taken), the index of
     the enforcing take that makes the call wait that long (``None``: the floor does), each
-    take's own wait, which takes were booked, and the next calls booked *ahead*."""
+    take's own wait, which takes were booked, and the next calls booked *ahead* (to be
+    spent within the call's *horizon*, in seconds)."""
 
     wait: float
     binding: int | None
     waits: tuple[float, ...]
     booked: tuple[bool, ...]
     ahead: int = 0
+    horizon: float = 0.0
 
 
 class Override:
@@ -176,8 +178,8 @@ class GlobalTokenBucket:
                      tagged: bool = False, ahead: int = 0,
                      horizon: float = 0.0) -> StoreCall:  # fmt: skip
         """:meth:`acquire`'s script call, as data: it passes when the task goes now. When it
-        does, up to *ahead* next calls are booked too, if their slots come within *horizon*
-        seconds (see ``scripts/bucket_acquire.lua``)."""
+        does, up to *ahead* next calls are booked too, on slots the buckets let pass unused
+        in the last *horizon* seconds (see ``scripts/bucket_acquire.lua``)."""
         tag = task if tagged else None
         keys = []
         args = [int(MAX_WAIT * 1_000_000), math.ceil(floor * 1_000_000), len(enforcing),
@@ -210,6 +212,7 @@ class GlobalTokenBucket:
             waits=tuple(int(reply[2 + 2 * i]) / 1_000_000 for i in range(len(keys))),
             booked=tuple(booked),
             ahead=int(reply[2 + 2 * len(keys)]),
+            horizon=args[4] / 1_000_000,
         )
 
     def effective(self, take: LimitTake) -> tuple[float, int]:
