@@ -4,7 +4,8 @@
 queue of the queue it came from, a lead time before it is due. Every worker
 consumes the due queue of each of its queues beside the queue itself, so a
 released task never waits behind its queue's backlog. While the store cannot
-answer, the thread waits ``extras_store_retry`` seconds and tries again.
+answer, the thread waits ``extras_store_retry`` seconds and tries again. It publishes
+on a broker connection of its own with publisher confirms (:class:`ConfirmedPublisher`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery
+from kombu.messaging import Producer
 
 from ..signals import task_released
 from ..threads import FORK_GATE, start_thread
@@ -24,7 +26,7 @@ from .mover import Mover
 from .parking import STORE_ERRORS, Parker, due_queue
 from .store import Claim
 
-__all__ = ["MoverThread", "app_mover", "lookahead", "publish_entry"]
+__all__ = ["ConfirmedPublisher", "MoverThread", "app_mover", "lookahead", "publish_entry"]
 
 #: Named after the module the thread came from, so logging set-ups keep working.
 logger = logging.getLogger("celery_extras.delay.gate")
@@ -34,18 +36,26 @@ logger = logging.getLogger("celery_extras.delay.gate")
 _due_queue = functools.lru_cache(maxsize=1024)(due_queue)
 
 
-def publish_entry(app: Celery, entry: Entry, claim: Claim) -> None:
-    """Publish a claimed entry to the due queue of its queue (or its own route). A due
-    queue is reached through the default exchange, by name: on Redis that is one ``LPUSH``,
-    where its own exchange costs a read of the exchange's bindings first."""
+#: Seconds the mover waits for the broker to confirm a publish (AMQP) before it gives up
+#: on it: the entry stays claimed and is claimed again when its lease ends.
+CONFIRM_TIMEOUT = 2.0
+
+
+def publish_entry(
+    app: Celery, entry: Entry, claim: Claim, producer: Producer | None = None
+) -> None:
+    """Publish a claimed entry to the due queue of its queue (or its own route), with
+    *producer* or one of the app's pool. A due queue is reached through the default
+    exchange, by name: on Redis that is one ``LPUSH``, where its own exchange costs a read
+    of the exchange's bindings first."""
     headers = {**entry.headers, PARKED_HEADER: claim.entry_id, CLAIM_HEADER: claim.token}
     if entry.queue:
         queue = _due_queue(entry.queue)
         exchange, routing_key, declare = "", queue.name, [queue]
     else:
         exchange, routing_key, declare = entry.exchange, entry.routing_key, []
-    with app.producer_or_acquire() as producer:
-        producer.publish(
+    with app.producer_or_acquire(producer) as chosen:
+        chosen.publish(
             entry.body,
             exchange=exchange,
             routing_key=routing_key,
@@ -55,8 +65,32 @@ def publish_entry(app: Celery, entry: Entry, claim: Claim) -> None:
             declare=declare,
             retry=True,
             retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+            **({"confirm_timeout": CONFIRM_TIMEOUT} if producer is not None else {}),
             **entry.properties,
         )
+
+
+class ConfirmedPublisher:
+    """Publishes claimed entries on a broker connection of its own, with publisher confirms
+    on AMQP: a publish returns once the broker has the message, so the mover releases only
+    what the broker has. Without them a message written as RabbitMQ stops is lost unseen,
+    and its entry waits ``extras_delay_recheck`` to be published again. (A Redis publish is
+    confirmed by its reply; the transport ignores the option.)"""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._producer: Producer | None = None
+
+    def __call__(self, entry: Entry, claim: Claim) -> None:
+        if self._producer is None:
+            connection = self.app.connection_for_write(transport_options={"confirm_publish": True})
+            self._producer = Producer(connection)
+        publish_entry(self.app, entry, claim, self._producer)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.connection.collect()  # closes what it can, raises nothing
+            self._producer = None
 
 
 def lookahead(app: Celery, configured: float) -> float:
@@ -77,12 +111,14 @@ def app_mover(
     *,
     on_released: Callable[[Entry, Claim], None],
     lead: float | None = None,
+    publish: Callable[[Entry, Claim], None] | None = None,
 ) -> Mover:
     """A :class:`~.mover.Mover` of *app*'s delay store with its settings, publishing with
-    :func:`publish_entry` (*lead*: another lead than ``extras_delay_lead``)."""
+    *publish* (by default :func:`publish_entry` on the app's producer pool; *lead*: another
+    lead than ``extras_delay_lead``)."""
     return Mover(
         parker.store,
-        lambda entry, claim: publish_entry(app, entry, claim),
+        publish or (lambda entry, claim: publish_entry(app, entry, claim)),
         lead=settings["delay_lead"] if lead is None else lead,
         lookahead=lookahead(app, settings["delay_lookahead"]),
         pace=settings["delay_herd_rate"],
@@ -103,12 +139,14 @@ class MoverThread:
         self.store_retry = float(settings["store_retry"])
         self.settings = settings
         self.mover: Mover | None = None
+        self.publisher = ConfirmedPublisher(app)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error = ""
 
     def _make_mover(self) -> Mover:
-        return app_mover(self.app, self.parker, self.settings, on_released=self._released)
+        return app_mover(self.app, self.parker, self.settings, on_released=self._released,
+                         publish=self.publisher)  # fmt: skip
 
     def _released(self, entry: Entry, claim: Claim) -> None:
         task_released.send(sender=entry.task, task_id=entry.task_id)
@@ -118,10 +156,13 @@ class MoverThread:
         self._thread = start_thread(self._run, "extras-delay-mover")
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            with FORK_GATE.operation():
-                sleep = self._round()
-            self._stop.wait(sleep)
+        try:
+            while not self._stop.is_set():
+                with FORK_GATE.operation():
+                    sleep = self._round()
+                self._stop.wait(sleep)
+        finally:
+            self.publisher.close()
 
     def _round(self) -> float:
         """One round of the mover: the seconds until the next."""

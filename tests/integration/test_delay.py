@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +16,7 @@ import pytest
 
 from tests.integration.conftest import Cluster, also_on_redis_cluster
 from tests.support.journal import Journal
+from tests.support.rates import JITTER, busiest_second, busiest_window
 from tests.support.workers import wait_for
 
 #: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
@@ -26,26 +27,6 @@ INCLUDE = ("tests.support.tasks_delay",)
 
 def starts(journal: Journal, task: str) -> list[float]:
     return sorted(e["t"] for e in journal.entries() if e["task"] == task)
-
-
-def busiest_second(times: Sequence[float]) -> int:
-    return max(sum(1 for s in times if t <= s < t + 1.0) for t in times)
-
-
-#: Starts are journalled by the pool processes, so a second's count also carries the pool's
-#: dispatch jitter: on the shared 2-core test machine (load about 4) two tasks booked 25 ms
-#: apart often start within 2 ms of each other. There, 1,200 tasks at 40/s held in the worker
-#: (no delay store: ``extras_limit_max_hold`` 100) saw 51 starts in their busiest second,
-#: and parked ones 45 to 47. The issue's bound is ``rate + burst``; the tests allow a quarter
-#: more for that jitter and print the figure.
-JITTER = 1.25
-
-
-def busiest_window(times: Sequence[float]) -> str:
-    """The busiest second's starts, relative to its first and to the run's first start."""
-    first = max(times, key=lambda t: sum(1 for s in times if t <= s < t + 1.0))
-    inside = [f"{s - first:.3f}" for s in times if first <= s < first + 1.0]
-    return f"at {first - times[0]:.1f} s: {' '.join(inside)}"
 
 
 def wait_journal(journal: Journal, count: int, timeout: float, what: str) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ import pytest
 import tests.support.tasks_coalesce  # noqa: F401
 from tests.integration.conftest import Cluster
 from tests.support.journal import Journal
+from tests.support.rates import JITTER, busiest_second
 from tests.support.workers import WorkerProcess, wait_for
 
 #: Rates are asserted (under pytest-xdist these run alone).
@@ -41,8 +42,6 @@ LIMITED10 = "tests.delay.limited10"  # limit("10/s", burst=1, scope="global")
 GLOBAL2 = "tests.concurrency.global2"  # concurrency(2), 0.2 s a run
 PER_KEY = "tests.coalesce.per_key"  # coalesce(key=args[0])
 ETA_TASK = "tests.delay.eta_task"
-#: See tests/integration/test_delay.py: a second's count carries the pool's dispatch jitter.
-JITTER = 1.25
 #: s an ETA task may start before its ETA: the released task waits in Celery's timer, and
 #: gevent's fires by its loop's clock, cached at the loop's turn: plain Celery's ETA tasks
 #: on -P gevent started up to 0.7 ms early here (1 of 40), celery-extras' 0.1 and 2.8 ms.
@@ -66,10 +65,6 @@ def most_at_once(intervals: Iterable[tuple[float, float]]) -> int:
         running += step
         peak = max(peak, running)
     return peak
-
-
-def busiest_second(times: Sequence[float]) -> int:
-    return max(sum(1 for s in times if t <= s < t + 1.0) for t in times)
 
 
 def stats_of(cluster: Cluster, worker: WorkerProcess) -> dict[str, Any]:

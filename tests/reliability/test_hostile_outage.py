@@ -17,15 +17,12 @@ from tests.integration.conftest import Cluster
 from tests.support.brokers import PrivateRedis
 from tests.support.journal import Journal
 from tests.support.outages import store_outages, store_recoveries
+from tests.support.rates import busiest_second
 from tests.support.workers import wait_for
 
 INCLUDE = ("tests.support.tasks_reliability",)
 LIMITED = "tests.reliability.limited"  # 10/s, burst 2, global, acks_late
 RATE, BURST, WORKERS = 10, 2, 2
-
-
-def busiest_second(times: list[float]) -> int:
-    return max(sum(1 for s in times if t <= s < t + 1.0) for t in times)
 
 
 @pytest.mark.scenario

@@ -21,6 +21,7 @@ from celery_extras.sync import RevokeStore, record_revokes
 from celery_extras.sync.revoke_store import shard_of
 from tests.integration.conftest import Cluster
 from tests.support.journal import Journal
+from tests.support.rates import busiest_second
 from tests.support.topology import SentinelTopology
 from tests.support.workers import WorkerProcess, wait_for
 
@@ -43,10 +44,6 @@ def revoked_on(cluster: Cluster, worker: WorkerProcess) -> set[str]:
         if worker.hostname in reply:
             return set(reply[worker.hostname].get("ids", []))
     return set()
-
-
-def busiest_second(times: list[float]) -> int:
-    return max((sum(1 for s in times if t <= s < t + 1.0) for t in times), default=0)
 
 
 @pytest.mark.parametrize("broker", ["redis"], indirect=True)

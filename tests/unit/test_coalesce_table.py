@@ -97,8 +97,9 @@ def sent_during_a_run_gives_exactly_one_more(h: Harness) -> None:
     assert h.ask("w", "B") == WAIT  # asked again while the run goes on: still waiting
     assert LEASE - 2.0 < h.ask("w", "B").due <= LEASE  # when the run's lease ends
     assert h.finish("r", "A") == []
+    sent = h.now()
     assert h.ask("w", "B") == RUN
-    assert h.ask("late", "A", sent=h.now() - 0.001) == covered("w")  # sent before w started
+    assert h.ask("late", "A", sent=sent) == covered("w")  # sent before w started
     assert h.finish("w", "B") == sorted([*(f"c{i}" for i in range(9)), "late"])
     assert h.ask("next", "A", sent=h.later()) == RUN  # nothing runs: the next one runs
 
@@ -242,8 +243,9 @@ def covered_messages_keep_their_ending_until_the_run_covering_them_ends(h: Harne
     verdict = h.ask("late", "B", sent=h.now() - 60.0, context="{late}")
     assert verdict == covered("w") and verdict.ended  # it ends where it is: nothing kept
     # the dead run's callers pass on with their contexts; the dead run's own id has none
-    assert h.ask("x", "A", lease=SHORT_LEASE, sent=h.later()) == RUN
-    assert h.ask("y", "A", sent=h.now() - 0.001, context="{y}") == covered("x")
+    sent = h.later()  # y is sent with x, before x starts: x covers it
+    assert h.ask("x", "A", lease=SHORT_LEASE, sent=sent) == RUN
+    assert h.ask("y", "A", sent=sent, context="{y}") == covered("x")
     h.advance(PAST_SHORT_LEASE)
     assert h.ask("z", "B", sent=h.later()) == RUN
     assert h.endings("z", "B") == {"x": "", "y": "{y}"}
