@@ -28,7 +28,9 @@ class Mover:
 
     *publish* sends one claimed entry (``Entry``, entry id, token) to its queue and
     raises when it cannot; the entry is then left claimed, and claimed again when
-    its lease ends. :meth:`run_once` returns how long to sleep before the next turn.
+    its lease ends. *confirm*, if given, returns once the broker has every entry published
+    in the turn, or raises: then none of them is released (they are claimed again).
+    :meth:`run_once` returns how long to sleep before the next turn.
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class Mover:
         batch: int = 100,
         poll: float = 0.5,
         on_released: Callable[[Entry, Claim], None] | None = None,
+        confirm: Callable[[], None] | None = None,
         new_token: Callable[[], str] = lambda: secrets.token_hex(8),
     ) -> None:
         self.store = store
@@ -56,6 +59,7 @@ class Mover:
         self.batch = batch
         self.poll = poll
         self.on_released = on_released
+        self.confirm = confirm
         self.new_token = new_token
         self.counts = {"claimed": 0, "released": 0, "publish_errors": 0, "invalid": 0}
         self.broker_down = False
@@ -70,6 +74,8 @@ class Mover:
         published: list[tuple[Entry, Claim]] = []
         try:
             failed = self._publish_all(claimed.items, published)
+            if published and not self._confirmed(published):
+                failed = True
         finally:  # what was published is released, even when a publish or the store failed
             if published:
                 self.store.release_all(
@@ -101,21 +107,36 @@ class Mover:
             try:
                 self.publish(entry, claim)
             except Exception as exc:
-                self.counts["publish_errors"] += 1
-                if not self.broker_down:
-                    self.broker_down = True
-                    logger.warning(
-                        "celery-extras: the delay mover cannot publish (%r, %s[%s]); claimed "
-                        "entries are claimed again when their lease of %.0f s ends (logged "
-                        "once per outage)",
-                        exc, entry.task, entry.task_id, self.lease,
-                    )  # fmt: skip
+                self._cannot_publish(exc, f"{entry.task}[{entry.task_id}]")
                 return True
             if self.broker_down:
                 self.broker_down = False
                 logger.warning("celery-extras: the delay mover publishes again")
             published.append((entry, claim))
         return False
+
+    def _confirmed(self, published: list[tuple[Entry, Claim]]) -> bool:
+        """``True`` when the broker confirmed *published*; else they are taken off it (left
+        claimed: the broker may have some, which the store's take then drops as copies)."""
+        if self.confirm is None:
+            return True
+        try:
+            self.confirm()
+        except Exception as exc:
+            self._cannot_publish(exc, f"{len(published)} published, unconfirmed")
+            published.clear()
+            return False
+        return True
+
+    def _cannot_publish(self, exc: Exception, what: str) -> None:
+        self.counts["publish_errors"] += 1
+        if not self.broker_down:
+            self.broker_down = True
+            logger.warning(
+                "celery-extras: the delay mover cannot publish (%r, %s); claimed entries are "
+                "claimed again when their lease of %.0f s ends (logged once per outage)",
+                exc, what, self.lease,
+            )  # fmt: skip
 
     def info(self) -> dict[str, Any]:
         return dict(self.counts)

@@ -17,8 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery
+from kombu.connection import Connection
 from kombu.messaging import Producer
 
+from ..clock import monotonic
 from ..signals import task_released
 from ..threads import FORK_GATE, start_thread
 from .entry import CLAIM_HEADER, PARKED_HEADER, Entry
@@ -26,7 +28,8 @@ from .mover import Mover
 from .parking import STORE_ERRORS, Parker, due_queue
 from .store import Claim
 
-__all__ = ["ConfirmedPublisher", "MoverThread", "app_mover", "lookahead", "publish_entry"]
+__all__ = ["ConfirmedPublisher", "MoverThread", "Unconfirmed", "app_mover", "lookahead",
+           "publish_entry"]  # fmt: skip
 
 #: Named after the module the thread came from, so logging set-ups keep working.
 logger = logging.getLogger("celery_extras.delay.gate")
@@ -36,18 +39,19 @@ logger = logging.getLogger("celery_extras.delay.gate")
 _due_queue = functools.lru_cache(maxsize=1024)(due_queue)
 
 
-#: Seconds the mover waits for the broker to confirm a publish (AMQP) before it gives up
-#: on it: the entry stays claimed and is claimed again when its lease ends.
+#: Seconds the mover waits for the broker to confirm a batch's publishes (AMQP) before it
+#: gives up on them: their entries stay claimed and are claimed again when their lease ends.
 CONFIRM_TIMEOUT = 2.0
 
 
 def publish_entry(
-    app: Celery, entry: Entry, claim: Claim, producer: Producer | None = None
-) -> None:
+    app: Celery, entry: Entry, claim: Claim, producer: Producer | None = None,
+    retry: bool = True,
+) -> None:  # fmt: skip
     """Publish a claimed entry to the due queue of its queue (or its own route), with
-    *producer* or one of the app's pool. A due queue is reached through the default
-    exchange, by name: on Redis that is one ``LPUSH``, where its own exchange costs a read
-    of the exchange's bindings first."""
+    *producer* or one of the app's pool (*retry*: kombu's, on a connection error). A due
+    queue is reached through the default exchange, by name: on Redis that is one ``LPUSH``,
+    where its own exchange costs a read of the exchange's bindings first."""
     headers = {**entry.headers, PARKED_HEADER: claim.entry_id, CLAIM_HEADER: claim.token}
     if entry.queue:
         queue = _due_queue(entry.queue)
@@ -63,34 +67,112 @@ def publish_entry(
             content_type=entry.content_type,
             content_encoding=entry.content_encoding,
             declare=declare,
-            retry=True,
+            retry=retry,
             retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
-            **({"confirm_timeout": CONFIRM_TIMEOUT} if producer is not None else {}),
             **entry.properties,
         )
 
 
-class ConfirmedPublisher:
-    """Publishes claimed entries on a broker connection of its own, with publisher confirms
-    on AMQP: a publish returns once the broker has the message, so the mover releases only
-    what the broker has. Without them a message written as RabbitMQ stops is lost unseen,
-    and its entry waits ``extras_delay_recheck`` to be published again. (A Redis publish is
-    confirmed by its reply; the transport ignores the option.)"""
+class Unconfirmed(Exception):
+    """The broker refused a publish, or did not confirm it in time."""
 
-    def __init__(self, app: Celery) -> None:
+
+class ConfirmedPublisher:
+    """Publishes claimed entries on a broker connection of its own and, on AMQP, confirms
+    them: :meth:`confirm` returns once the broker confirmed every publish of the batch, so
+    the mover releases only what the broker has. Without confirms a message written as
+    RabbitMQ stops returns as if sent and is lost, and its released entry waits
+    ``extras_delay_recheck`` to be published again. A batch is confirmed at once (the
+    channel in confirm mode, the acks read at the end), not one round trip per message. A
+    Redis publish is confirmed by its reply: there :meth:`confirm` waits for nothing."""
+
+    def __init__(self, app: Celery, timeout: float = CONFIRM_TIMEOUT) -> None:
         self.app = app
+        self.timeout = timeout
+        self._connection: Connection | None = None
         self._producer: Producer | None = None
+        self._confirms = False  # the channel is in confirm mode (AMQP)
+        self._sent = 0  # the last publish's delivery tag on the channel
+        self._unconfirmed: set[int] = set()
+        self._refused = False
+        self._lost = False  # the connection was lost with publishes unconfirmed
 
     def __call__(self, entry: Entry, claim: Claim) -> None:
-        if self._producer is None:
-            connection = self.app.connection_for_write(transport_options={"confirm_publish": True})
-            self._producer = Producer(connection)
-        publish_entry(self.app, entry, claim, self._producer)
+        """Publish; on AMQP a failed publish drops the connection (the delivery tags start
+        again on the next), and the first of a batch is tried once more on a new one (the
+        broker closes a connection idle past its heartbeat)."""
+        for last in (False, True):
+            producer = self._producer or self._open()
+            try:
+                publish_entry(self.app, entry, claim, producer, retry=not self._confirms)
+            except Exception:
+                if not self._confirms:
+                    raise
+                first = not self._unconfirmed
+                self.close()
+                if not first:  # the batch's earlier publishes go unconfirmed
+                    self._lost = True
+                if last or not first:
+                    raise
+                continue
+            if self._confirms:
+                self._sent += 1
+                self._unconfirmed.add(self._sent)
+            return
+
+    def confirm(self) -> None:
+        """Return once the broker confirmed every publish so far; raise :class:`Unconfirmed`
+        (the connection dropped) when it refused one or did not confirm within the timeout."""
+        if self._lost:
+            self._lost = False
+            raise Unconfirmed("the connection was lost before the broker confirmed the batch")
+        if self._connection is None or not self._confirms:
+            return
+        deadline = monotonic() + self.timeout
+        try:
+            while self._unconfirmed and not self._refused:
+                left = deadline - monotonic()
+                if left <= 0:
+                    raise Unconfirmed(f"{len(self._unconfirmed)} publishes not confirmed "
+                                      f"within {self.timeout:g} s")  # fmt: skip
+                self._connection.drain_events(timeout=left)
+            if self._refused:
+                raise Unconfirmed("the broker refused a publish (basic.nack)")
+        except Exception:
+            self.close()
+            raise
+
+    def _open(self) -> Producer:
+        connection = self.app.connection_for_write()
+        try:
+            channel = connection.default_channel
+            self._confirms = connection.transport.driver_type == "amqp" and hasattr(
+                channel, "confirm_select"
+            )
+            self._sent, self._unconfirmed, self._refused = 0, set(), False
+            if self._confirms:
+                channel.confirm_select()
+                channel.events["basic_ack"].add(self._acked)
+                channel.events["basic_nack"].add(self._nacked)
+        except Exception:
+            connection.collect()
+            raise
+        self._connection, self._producer = connection, Producer(channel)
+        return self._producer
+
+    def _acked(self, tag: int, multiple: bool) -> None:
+        if multiple:
+            self._unconfirmed = {one for one in self._unconfirmed if one > tag}
+        else:
+            self._unconfirmed.discard(tag)
+
+    def _nacked(self, tag: int, multiple: bool) -> None:
+        self._refused = True
 
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.connection.collect()  # closes what it can, raises nothing
-            self._producer = None
+        if self._connection is not None:
+            self._connection.collect()  # closes what it can, raises nothing
+            self._connection = self._producer = None
 
 
 def lookahead(app: Celery, configured: float) -> float:
@@ -111,14 +193,14 @@ def app_mover(
     *,
     on_released: Callable[[Entry, Claim], None],
     lead: float | None = None,
-    publish: Callable[[Entry, Claim], None] | None = None,
+    publisher: ConfirmedPublisher | None = None,
 ) -> Mover:
     """A :class:`~.mover.Mover` of *app*'s delay store with its settings, publishing with
-    *publish* (by default :func:`publish_entry` on the app's producer pool; *lead*: another
-    lead than ``extras_delay_lead``)."""
+    *publisher* (by default :func:`publish_entry` on the app's producer pool, unconfirmed;
+    *lead*: another lead than ``extras_delay_lead``)."""
     return Mover(
         parker.store,
-        publish or (lambda entry, claim: publish_entry(app, entry, claim)),
+        publisher or (lambda entry, claim: publish_entry(app, entry, claim)),
         lead=settings["delay_lead"] if lead is None else lead,
         lookahead=lookahead(app, settings["delay_lookahead"]),
         pace=settings["delay_herd_rate"],
@@ -127,6 +209,7 @@ def app_mover(
         batch=settings["delay_batch"],
         poll=settings["delay_poll"],
         on_released=on_released,
+        confirm=publisher.confirm if publisher is not None else None,
     )
 
 
@@ -146,7 +229,7 @@ class MoverThread:
 
     def _make_mover(self) -> Mover:
         return app_mover(self.app, self.parker, self.settings, on_released=self._released,
-                         publish=self.publisher)  # fmt: skip
+                         publisher=self.publisher)  # fmt: skip
 
     def _released(self, entry: Entry, claim: Claim) -> None:
         task_released.send(sender=entry.task, task_id=entry.task_id)

@@ -225,6 +225,30 @@ def test_mover_leaves_an_entry_it_could_not_publish_to_its_lease() -> None:
     assert sorted(published.items) == [("e1", "t1"), ("e2", "t2")]
 
 
+def test_a_batch_the_broker_did_not_confirm_is_not_released() -> None:
+    """Published, then unconfirmed (the broker stopped, or refused one): none of the batch
+    is released; each stays claimed and is published again when its lease ends."""
+    clock = FakeClock()
+    store = MemoryDelayStore(clock)
+    published = Published()
+    confirms: list[bool] = [False, True]
+
+    def confirm() -> None:
+        if not confirms.pop(0):
+            raise ConnectionError("no confirm")
+
+    mover = Mover(store, published, lead=0.0, lease=5.0, batch=10, poll=0.5, confirm=confirm)
+    store.park("e1", make_entry(), 0.0)
+    store.park("e2", make_entry("t2"), 0.0)
+    assert mover.run_once() == 0.5
+    assert len(published.items) == 2
+    assert mover.info()["released"] == 0 and mover.info()["publish_errors"] == 1
+    clock.now += 5.0
+    mover.run_once()
+    assert len(published.items) == 4 and mover.info()["released"] == 2
+    assert confirms == []
+
+
 def test_mover_drops_an_invalid_entry_and_goes_on() -> None:
     clock = FakeClock()
     store = MemoryDelayStore(clock)
