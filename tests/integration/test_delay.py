@@ -16,17 +16,13 @@ import pytest
 
 from tests.integration.conftest import Cluster, also_on_redis_cluster
 from tests.support.journal import Journal
-from tests.support.rates import JITTER, busiest_second, busiest_window
+from tests.support.rates import JITTER, busiest_second, busiest_window, starts
 from tests.support.workers import wait_for
 
 #: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
 pytestmark = pytest.mark.exclusive
 
 INCLUDE = ("tests.support.tasks_delay",)
-
-
-def starts(journal: Journal, task: str) -> list[float]:
-    return sorted(e["t"] for e in journal.entries() if e["task"] == task)
 
 
 def wait_journal(journal: Journal, count: int, timeout: float, what: str) -> None:

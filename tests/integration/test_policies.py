@@ -28,17 +28,13 @@ from tests.integration.conftest import (
 from tests.support import proj, tasks_policies
 from tests.support.journal import Journal
 from tests.support.outages import store_outages
-from tests.support.rates import JITTER, busiest_second, busiest_window
+from tests.support.rates import JITTER, busiest_second, busiest_window, starts
 from tests.support.workers import ROOT, WorkerProcess, wait_for
 
 #: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
 pytestmark = pytest.mark.exclusive
 
 INCLUDE = ("tests.support.tasks_policies",)
-
-
-def starts(journal: Journal, task: str) -> list[float]:
-    return sorted(e["t"] for e in journal.entries() if e["task"] == task)
 
 
 def steady_rate(times: Sequence[float], burst: int) -> float:

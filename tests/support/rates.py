@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["JITTER", "busiest_second", "busiest_window"]
+from tests.support.journal import Journal
+
+__all__ = ["JITTER", "busiest_second", "busiest_window", "starts"]
 
 #: Starts are journalled by the pool processes, so a second's count also carries the pool's
 #: dispatch jitter: on the shared 2-core test machine (load about 4) two tasks booked 25 ms
@@ -17,13 +19,22 @@ __all__ = ["JITTER", "busiest_second", "busiest_window"]
 JITTER = 1.25
 
 
+def starts(journal: Journal, task: str) -> list[float]:
+    """The start times of *task*'s runs in *journal*, in order."""
+    return sorted(e["t"] for e in journal.entries() if e["task"] == task)
+
+
+def _in_second(times: Sequence[float], first: float) -> int:
+    return sum(1 for s in times if first <= s < first + 1.0)
+
+
 def busiest_second(times: Sequence[float]) -> int:
     """The most starts in one second that begins at a start."""
-    return max((sum(1 for s in times if t <= s < t + 1.0) for t in times), default=0)
+    return max((_in_second(times, t) for t in times), default=0)
 
 
 def busiest_window(times: Sequence[float]) -> str:
     """The busiest second's starts, relative to its first and to the run's first start."""
-    first = max(times, key=lambda t: sum(1 for s in times if t <= s < t + 1.0))
+    first = max(times, key=lambda t: _in_second(times, t))
     inside = [f"{s - first:.3f}" for s in times if first <= s < first + 1.0]
     return f"at {first - times[0]:.1f} s: {' '.join(inside)}"
