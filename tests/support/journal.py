@@ -55,6 +55,14 @@ class Journal:
                 raise TimeoutError(f"flag {name!r} was not raised within {timeout} s")
             time.sleep(0.05)
 
+    def mark(self, kind: str, value: str) -> None:
+        """Add *value* to the set ``<ns>:journal:<kind>`` (e.g. the ids a worker acked)."""
+        self.client.sadd(f"{self.key}:{kind}", value)
+        self.client.expire(f"{self.key}:{kind}", 600)
+
+    def marked(self, kind: str) -> set[str]:
+        return set(self.client.smembers(f"{self.key}:{kind}"))
+
     def entries(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.client.lrange(self.key, 0, -1)]
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task, shared_task
+from celery.worker.request import Request
 
 from celery_extras import ExponentialBackoff, limit, retry_memory, retry_policy
 
 from .journal import Journal
 
-__all__ = ["BACKOFF", "exhaust", "flaky", "global20", "global100", "global5000", "kill_early",
-           "kill_late", "per_key", "store_down", "tunable", "worker10"]  # fmt: skip
+__all__ = ["BACKOFF", "AckNotingRequest", "exhaust", "flaky", "global20", "global100",
+           "global5000", "kill_early", "kill_late", "per_key", "store_down", "tunable",
+           "worker10"]  # fmt: skip
 
 #: The backoff of ``flaky``: 0.3, 0.6, 1.2, 1.5, 1.5 ... seconds.
 BACKOFF = ExponentialBackoff(base=0.3, cap=1.5)
@@ -59,8 +61,18 @@ def per_key(self: Task, customer: str, tag: Any = None) -> Any:
     return tag
 
 
+class AckNotingRequest(Request):
+    """Journals (set ``accepted``) the id of a request Celery's pool accepted, before
+    Celery acks it: an early-ack task lost in a SIGKILL after that is Celery's own
+    at-most-once, not a task lost while celery-extras held it."""
+
+    def on_accepted(self, pid: Any, time_accepted: Any) -> Any:
+        Journal(self.task.app.main or "extras-test").mark("accepted", self.id)
+        return super().on_accepted(pid, time_accepted)
+
+
 @limit("3/s", scope="global")
-@shared_task(bind=True, name="tests.policies.kill_early")
+@shared_task(bind=True, name="tests.policies.kill_early", Request=AckNotingRequest)
 def kill_early(self: Task, tag: Any = None) -> Any:
     _note(self, tag=tag)
     return tag
