@@ -7,13 +7,17 @@ publishes the herd ahead of its time (``extras_delay_lookahead``, ``extras_delay
 their defaults). The ETA is far enough ahead for that: the time to send the herd, plus the
 time the herd rate gives it before it falls due (at most the lookahead), plus 30 s. The
 figures: the time from the ETA to the start of the herd's last task, how many ran (and ran
-twice), and the worker main process's peak RSS over the run.
+twice), and the worker main process's peak RSS over the run. Then a herd of
+:data:`ON_TWO_WORKERS` on two workers, whose two movers release it side by side: each task
+runs once, none before its ETA (CI's test runs a herd of 5,000 so;
+``python -m bench herd --two-workers N`` another size).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,15 +26,18 @@ from celery import Task, shared_task
 from celery_extras.delay.capability import DELAY
 from tests.support.journal import Journal
 
-from .runs import Run
+from .runs import Cluster, Run
 from .table import Row
 
-__all__ = ["herd", "measure"]
+__all__ = ["herd", "herd_on_two_workers", "measure"]
 
 INCLUDE = ("bench.herd",)
 #: sends per second the bench counts on when it picks the herd's ETA (a lower bound)
 SEND_RATE = 1000.0
 _DEFAULTS = {s.name: s.default for s in DELAY.settings}
+#: the herd :func:`herd_on_two_workers` sends by default
+ON_TWO_WORKERS = 20_000
+ETA_STORE = {"extras_eta_store": True, "extras_eta_threshold": 5.0}
 HERD_RATE: float = _DEFAULTS["delay_herd_rate"]
 LOOKAHEAD: float = _DEFAULTS["delay_lookahead"]
 _journals: dict[str, Journal] = {}
@@ -47,10 +54,10 @@ def member(self: Task, tag: Any = None) -> None:
 def herd(plain: bool, n: int) -> tuple[float, int, int, int]:
     """``(seconds from the ETA to the last start, peak RSS kB, ran, ran twice)`` for *n*
     tasks due at once."""
-    conf: dict[str, Any] = {} if plain else {"extras_eta_store": True, "extras_eta_threshold": 5.0}
+    conf: dict[str, Any] = {} if plain else ETA_STORE
     with Run(conf, plain, INCLUDE, 0.5) as run:
         started = run.start()
-        due = time.time() + 30 + n / SEND_RATE + min(n / HERD_RATE, LOOKAHEAD)
+        due = time.time() + _due_in(n)
         run.send(
             "bench.herd.member", ((i,) for i in range(n)), eta=datetime.fromtimestamp(due, UTC)
         )
@@ -68,7 +75,44 @@ def herd(plain: bool, n: int) -> tuple[float, int, int, int]:
         return last - due, run.sampler.peak_kb(started), len(runs), twice
 
 
-def measure() -> list[Row]:
+def _due_in(n: int) -> float:
+    """Seconds ahead the ETA of a herd of *n* is set: sending, the herd rate's lead, 30 s."""
+    return 30 + n / SEND_RATE + min(n / HERD_RATE, LOOKAHEAD)
+
+
+def herd_on_two_workers(plain: bool, n: int) -> tuple[float, int, int, int]:
+    """``(seconds from the ETA to the last start, ran, ran twice, ran before the ETA)`` for
+    *n* tasks due at once on two workers (two movers, or two Celery timers)."""
+    with Cluster(INCLUDE, {} if plain else ETA_STORE, plain) as run:
+        for name in ("w1", "w2"):
+            run.start(name)
+        for worker in run.workers:
+            worker.wait_ready(timeout=120)
+        due = time.time() + _due_in(n)
+        eta = datetime.fromtimestamp(due, UTC)
+        with run.app.producer_or_acquire() as producer:
+            for i in range(n):
+                run.app.send_task("bench.herd.member", (i,), eta=eta, producer=producer)
+        sent = time.time()
+        assert sent < due - 20, f"sending {n:,} took until {due - sent:.1f} s before the ETA"
+        deadline = due + 120 + n / 100
+        while len(run.journal) < n and time.time() < deadline:
+            time.sleep(0.5)
+        time.sleep(2)  # a measurement period: late duplicates show up in it
+        entries = run.journal.entries()
+        runs = Counter(e["tag"] for e in entries)
+        early = sum(1 for e in entries if e["t"] < due - 0.05)
+        twice = sum(1 for c in runs.values() if c > 1)
+        return max(e["t"] for e in entries) - due, len(runs), twice, early
+
+
+def measure(argv: Sequence[str] = ()) -> list[Row]:
+    """Herds of 5,000 and 50,000 on one worker, and one of :data:`ON_TWO_WORKERS` (or
+    ``--two-workers N``) on two; ``--two-workers`` alone runs only the last."""
+    if argv:
+        if len(argv) != 2 or argv[0] != "--two-workers" or not argv[1].isdigit():
+            raise SystemExit("python -m bench herd [--two-workers N]")
+        return _on_two_workers(int(argv[1]))
     rows: list[Row] = []
     for n in (5_000, 50_000):
         lag_p, peak_p, ran_p, twice_p = herd(True, n)
@@ -81,4 +125,15 @@ def measure() -> list[Row]:
             Row(f"herd of {n:,} due at once: peak RSS", "MB", peak_p / 1024, peak_s / 1024,
                 "-", True, note="worker main process, over the whole run"),
         ]  # fmt: skip
-    return rows
+    return rows + _on_two_workers(ON_TWO_WORKERS)
+
+
+def _on_two_workers(n: int) -> list[Row]:
+    lag_p, ran_p, twice_p, early_p = herd_on_two_workers(True, n)
+    lag_s, ran_s, twice_s, early_s = herd_on_two_workers(False, n)
+    return [
+        Row(f"herd of {n:,} due at once on 2 workers: ETA to last start", "s", lag_p, lag_s,
+            "each once, none early", ran_s == n and twice_s == 0 and early_s == 0,
+            note=f"2 workers, prefork 2, Redis; ran {ran_p:,} / {ran_s:,}, twice "
+                 f"{twice_p} / {twice_s}, before the ETA {early_p} / {early_s}"),
+    ]  # fmt: skip

@@ -136,15 +136,18 @@ class Run:
 
 
 class Cluster:
-    """A namespace with its app (celery-extras, task modules *include*), journal and
-    workers; on exit the workers are stopped and every key of the namespace deleted."""
+    """A namespace with its app (celery-extras with *conf*, or plain Celery, task modules
+    *include*), journal and workers; on exit the workers are stopped and every key of the
+    namespace deleted."""
 
-    def __init__(self, include: tuple[str, ...]) -> None:
+    def __init__(
+        self, include: tuple[str, ...], conf: dict[str, Any] | None = None, plain: bool = False
+    ) -> None:
         self.broker = require_broker("redis")
         self.ns = f"b{uuid.uuid4().hex[:10]}"
         self.journal = Journal(self.ns)
-        self.app = proj.make_app(self.broker, self.ns, {}, include)
-        self.env = proj.worker_env(self.broker, self.ns, {}, include)
+        self.app = proj.make_app(self.broker, self.ns, conf or {}, include, plain)
+        self.env = proj.worker_env(self.broker, self.ns, conf or {}, include, plain)
         self.tmp = tempfile.TemporaryDirectory(prefix="bench-cluster-")
         self.workers: list[WorkerProcess] = []
 

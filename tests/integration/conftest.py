@@ -136,6 +136,12 @@ class Cluster:
         )  # fmt: skip
         return replies[0][worker.hostname] if replies else None
 
+    def stats(self, hostname: str) -> dict[str, Any]:
+        """Worker *hostname*'s ``inspect stats`` reply (empty when it did not answer in
+        time)."""
+        stats = self.app.control.inspect(destination=[hostname], timeout=5).stats() or {}
+        return dict(stats.get(hostname) or {})
+
     def stop(self) -> None:
         """After the test: SIGKILL its workers (each in its own process group, pool and all).
 

@@ -25,16 +25,6 @@ pytestmark = pytest.mark.exclusive
 INCLUDE = ("tests.support.tasks_delay",)
 
 
-def wait_journal(journal: Journal, count: int, timeout: float, what: str) -> None:
-    wait_for(lambda: len(journal) >= count, timeout=timeout, interval=0.2, what=what)
-
-
-def delay_stats(cluster: Cluster, hostname: str) -> dict[str, Any]:
-    """The worker's ``inspect stats`` reply (empty when it did not answer in time)."""
-    stats = cluster.app.control.inspect(destination=[hostname], timeout=5).stats() or {}
-    return dict(stats.get(hostname) or {})
-
-
 @also_on_redis_cluster("redis")
 def test_limited_tasks_beyond_the_hold_are_parked_and_run_once_at_the_rate(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
@@ -43,14 +33,14 @@ def test_limited_tasks_beyond_the_hold_are_parked_and_run_once_at_the_rate(
     for i in range(60):
         send("tests.delay.limited10", i)
     worker = cluster.worker("w1", concurrency=2)
-    wait_journal(journal, 60, timeout=60, what="60 limited10 runs")
+    journal.wait_for_runs(60, timeout=60, what="60 limited10 runs")
     entries = journal.entries()
     assert Counter(e["tag"] for e in entries) == Counter(range(60))  # each exactly once
     times = starts(journal, "tests.delay.limited10")
     rate = (len(times) - 1) / (times[-1] - times[0])
     assert 9.5 <= rate <= 10.5, f"{rate:.2f}/s for 10/s"
     assert busiest_second(times) <= (10 + 1) * JITTER
-    stats = delay_stats(cluster, worker.hostname)
+    stats = cluster.stats(worker.hostname)
     assert stats["extras_policies"]["parked"] >= 40
     assert stats["extras_delay_gate"]["taken"] == stats["extras_policies"]["parked"]
     assert stats["extras_delay"]["depth"] == 0
@@ -71,13 +61,13 @@ def test_forged_headers_book_no_slot(
     for i in range(100, 200):
         send("tests.delay.limited10", i,
              headers={"extras_parked": f"e{i}", "extras_claim": "forged"})  # fmt: skip
-    wait_journal(journal, 200, timeout=90, what="200 limited10 runs")
+    journal.wait_for_runs(200, timeout=90, what="200 limited10 runs")
     assert Counter(e["tag"] for e in journal.entries()) == Counter(range(200))
     times = starts(journal, "tests.delay.limited10")
     assert busiest_second(times) <= (10 + 1) * JITTER
     rate = (len(times) - 1) / (times[-1] - times[0])
     assert rate <= 10.5, f"{rate:.2f}/s for 10/s"
-    gate = delay_stats(cluster, worker.hostname)["extras_delay_gate"]
+    gate = cluster.stats(worker.hostname)["extras_delay_gate"]
     assert gate["unverified"] == 100 and gate["duplicates"] == 0
 
 
@@ -98,27 +88,28 @@ SHORT_VISIBILITY = {"visibility_timeout": 20, "unacked_restore_interval": 5,
 def test_backlog_beyond_the_visibility_timeout_runs_each_task_once_at_the_rate(
     cluster: Cluster, journal: Journal
 ) -> None:
-    """The issue's first measurement: 1 worker, 40/s global, acks_late, 3,000 queued,
-    visibility timeout 20 s. Before the delay store, 1,910 tasks ran two or more times,
-    at 59/s, with 124 starts in one second."""
+    """The issue's first measurement, halved: 1 worker, 40/s global, acks_late, 1,500
+    queued (37.5 s of work), visibility timeout 20 s. Before the delay store, of 3,000
+    queued 1,910 ran two or more times, at 59/s, with 124 starts in one second."""
     cluster.configure(include=INCLUDE, broker_transport_options=SHORT_VISIBILITY)
     with cluster.app.producer_or_acquire() as producer:
-        for i in range(3000):
+        for i in range(1500):
             cluster.app.send_task("tests.delay.limited40", args=(i,), producer=producer)
     worker = cluster.worker("w1", concurrency=2)
-    wait_journal(journal, 3000, timeout=180, what="3,000 limited40 runs")
+    journal.wait_for_runs(1500, timeout=150, what="1,500 limited40 runs")
     entries = journal.entries()
     counts = Counter(e["tag"] for e in entries)
     assert [tag for tag, n in counts.items() if n > 1] == []
-    assert sorted(counts) == list(range(3000))
+    assert sorted(counts) == list(range(1500))
     times = starts(journal, "tests.delay.limited40")
     rate = (len(times) - 1) / (times[-1] - times[0])
-    print(f"backlog: {len(times)} runs, {rate:.2f}/s, busiest second {busiest_second(times)}")
+    stats = cluster.stats(worker.hostname)
+    print(f"backlog: {len(times)} runs, {rate:.2f}/s, busiest second {busiest_second(times)}, "
+          f"parked {stats['extras_policies']['parked']}")  # fmt: skip
     assert 38.0 <= rate <= 42.0, f"{rate:.2f}/s for 40/s"
     assert busiest_second(times) <= (40 + 1) * JITTER, busiest_window(times)
-    stats = delay_stats(cluster, worker.hostname)
     assert stats["extras_delay"]["depth"] == 0
-    assert stats["extras_policies"]["parked"] > 2000
+    assert stats["extras_policies"]["parked"] > 1000  # 1,417 here (2026-11-27)
 
 
 @pytest.mark.exclusive  # nine processes on two cores: a neighbour's load skews the rate
@@ -128,15 +119,15 @@ def test_three_workers_share_the_rate_of_a_parked_backlog(
 ) -> None:
     cluster.configure(include=INCLUDE)
     with cluster.app.producer_or_acquire() as producer:
-        for i in range(1000):
+        for i in range(600):  # 30 s at 20/s
             cluster.app.send_task("tests.delay.limited20", args=(i,), producer=producer)
     for name in ("w1", "w2", "w3"):
         cluster.worker(name, concurrency=2, start=False).start(wait=False)
     for worker in cluster.workers:
         worker.wait_ready()
-    wait_journal(journal, 1000, timeout=150, what="1,000 limited20 runs")
+    journal.wait_for_runs(600, timeout=120, what="600 limited20 runs")
     entries = journal.entries()
-    assert Counter(e["tag"] for e in entries) == Counter(range(1000))
+    assert Counter(e["tag"] for e in entries) == Counter(range(600))
     assert len({e["worker"] for e in entries}) == 3
     times = starts(journal, "tests.delay.limited20")
     rate = (len(times) - 1) / (times[-1] - times[0])
@@ -149,27 +140,27 @@ def test_three_workers_share_the_rate_of_a_parked_backlog(
 def test_eta_store_runs_countdowns_once_on_time_with_flat_memory(
     cluster: Cluster, journal: Journal
 ) -> None:
-    """1,000 countdowns spread over 30-60 s, visibility timeout 20 s: each runs once, not
+    """1,000 countdowns spread over 25-40 s, visibility timeout 20 s: each runs once, not
     before its ETA and at most 1 s after it, and the worker's RSS does not grow with them."""
     cluster.configure(include=INCLUDE, broker_transport_options=SHORT_VISIBILITY,
                       extras_eta_store=True, extras_eta_threshold=5.0)  # fmt: skip
     worker = cluster.worker("w1", concurrency=2)
-    wait_for(lambda: delay_stats(cluster, worker.hostname), timeout=30, what="stats")
+    wait_for(lambda: cluster.stats(worker.hostname), timeout=30, what="stats")
     rss_idle = rss_kb(worker.pid)
     now = time.time()
     with cluster.app.producer_or_acquire() as producer:
         for i in range(1000):
-            due = now + 30.0 + 30.0 * i / 1000
+            due = now + 25.0 + 15.0 * i / 1000
             cluster.app.send_task("tests.delay.eta_task", args=(i,), kwargs={"due": due},
                                   eta=datetime.fromtimestamp(due, UTC),
                                   producer=producer)  # fmt: skip
     wait_for(
-        lambda: delay_stats(cluster, worker.hostname).get("extras_delay_gate", {}).get(
+        lambda: cluster.stats(worker.hostname).get("extras_delay_gate", {}).get(
             "eta_parked") == 1000,
         timeout=60, interval=0.5, what="1,000 countdown tasks parked",
     )  # fmt: skip
     rss_parked = rss_kb(worker.pid)
-    wait_journal(journal, 1000, timeout=120, what="1,000 countdown runs")
+    journal.wait_for_runs(1000, timeout=120, what="1,000 countdown runs")
     rss_done = rss_kb(worker.pid)
     entries = journal.entries()
     assert Counter(e["tag"] for e in entries) == Counter(range(1000))
@@ -191,7 +182,7 @@ def test_a_retry_beyond_the_visibility_timeout_runs_once_on_time(
     worker = cluster.worker("w1", concurrency=2)
     for i in range(20):
         cluster.app.send_task("tests.delay.long_retry", args=(i,))
-    wait_journal(journal, 40, timeout=90, what="20 tasks and their retries")
+    journal.wait_for_runs(40, timeout=90, what="20 tasks and their retries")
     runs: dict[int, list[dict[str, Any]]] = {}
     for entry in journal.entries():
         runs.setdefault(entry["tag"], []).append(entry)
@@ -201,6 +192,6 @@ def test_a_retry_beyond_the_visibility_timeout_runs_once_on_time(
         waited = attempts[1]["t"] - attempts[0]["t"]
         print(f"long retry {tag}: waited {waited:.3f} s for 25 s")
         assert 25.0 <= waited <= 26.5, (tag, waited)
-    stats = delay_stats(cluster, worker.hostname)
+    stats = cluster.stats(worker.hostname)
     assert stats["extras_delay"]["mover"]["released"] >= 20
     assert stats["extras_delay"]["depth"] == 0

@@ -42,10 +42,6 @@ def steady_rate(times: Sequence[float], burst: int) -> float:
     return (len(times) - burst) / (times[-1] - times[0])
 
 
-def wait_journal(journal: Journal, count: int, timeout: float, what: str) -> None:
-    wait_for(lambda: len(journal) >= count, timeout=timeout, interval=0.2, what=what)
-
-
 @pytest.mark.scenario
 @also_on_redis_cluster("redis")
 def test_global_limit_holds_across_three_workers(
@@ -58,7 +54,7 @@ def test_global_limit_holds_across_three_workers(
         worker.wait_ready()
     for i in range(400):
         send("tests.policies.global20", i)
-    wait_journal(journal, 400, timeout=90, what="400 global20 runs")
+    journal.wait_for_runs(400, timeout=90, what="400 global20 runs")
 
     times = starts(journal, "tests.policies.global20")
     entries = journal.entries()
@@ -82,7 +78,7 @@ def drained_once(cluster: Cluster, send: Callable[..., Any], journal: Journal, t
     for i in range(count):
         send(task, i)
     worker = cluster.worker("w1", concurrency=2)
-    wait_journal(journal, count, timeout=120, what=f"{count} {task} runs")
+    journal.wait_for_runs(count, timeout=120, what=f"{count} {task} runs")
     assert Counter(e["tag"] for e in journal.entries()) == Counter(range(count))  # each once
     return worker
 
@@ -126,7 +122,7 @@ def test_worker_limit_sustains_rate_and_lets_other_tasks_through(
     for i in range(200):
         send("tests.policies.worker10", i)
     cluster.worker("w1", concurrency=2)
-    wait_journal(journal, 30, timeout=30, what="the limited run to be under way")
+    journal.wait_for_runs(30, timeout=30, what="the limited run to be under way")
     sent = time.time()
     send("tests.noop", "unlimited")
     wait_for(
@@ -134,7 +130,7 @@ def test_worker_limit_sustains_rate_and_lets_other_tasks_through(
         timeout=10,
         what="the unlimited task",
     )
-    wait_journal(journal, 201, timeout=60, what="200 worker10 runs")
+    journal.wait_for_runs(201, timeout=60, what="200 worker10 runs")
 
     entries = journal.entries()
     unlimited = next(e for e in entries if e["task"] == "tests.noop")
@@ -162,7 +158,7 @@ def test_per_key_buckets_run_side_by_side(
         send("tests.policies.per_key", "alice", i)
         send("tests.policies.per_key", "bob", i)
     cluster.worker("w1", concurrency=2)
-    wait_journal(journal, 40, timeout=40, what="40 per_key runs")
+    journal.wait_for_runs(40, timeout=40, what="40 per_key runs")
 
     by_key: dict[str, list[float]] = defaultdict(list)
     for e in journal.entries():
@@ -252,7 +248,7 @@ def test_sigkill_while_tasks_wait_loses_none(
     early = [task_id for name, task_id in sent if name == "kill_early"]
     late = [task_id for name, task_id in sent if name == "kill_late"]
     w1 = cluster.worker("w1", concurrency=2)
-    wait_journal(journal, 4, timeout=30, what="the first limited runs")
+    journal.wait_for_runs(4, timeout=30, what="the first limited runs")
     stats = cluster.app.control.inspect(destination=[w1.hostname], timeout=2).stats() or {}
     w1.kill()
     waited = stats[w1.hostname]["extras_policies"]

@@ -67,13 +67,8 @@ def most_at_once(intervals: Iterable[tuple[float, float]]) -> int:
     return peak
 
 
-def stats_of(cluster: Cluster, worker: WorkerProcess) -> dict[str, Any]:
-    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=5).stats() or {}
-    return dict(stats.get(worker.hostname) or {})
-
-
 def eta_parked(cluster: Cluster, worker: WorkerProcess) -> int:
-    gate: dict[str, Any] = stats_of(cluster, worker).get("extras_delay_gate") or {}
+    gate: dict[str, Any] = cluster.stats(worker.hostname).get("extras_delay_gate") or {}
     return int(gate.get("eta_parked", 0))
 
 
@@ -140,7 +135,7 @@ def test_limit_concurrency_coalesce_and_eta_store_hold_on_the_pool(
 
     # the threads pool runs Celery's event loop: arrivals' rounds go on its line (endings,
     # heard in pool threads, are calls); gevent and eventlet have no event loop: calls
-    line = stats_of(cluster, worker)["extras_store_line"]
+    line = cluster.stats(worker.hostname)["extras_store_line"]
     assert (line["rounds"] > 0, line["failed"]) == (pool == "threads", 0), line
 
     assert not problems(worker.log()), "\n".join(problems(worker.log())[:20])

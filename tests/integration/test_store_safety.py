@@ -47,11 +47,6 @@ def small_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Priv
         server.stop()
 
 
-def stats_of(cluster: Cluster, hostname: str) -> dict[str, Any]:
-    stats = cluster.app.control.inspect(destination=[hostname], timeout=5).stats() or {}
-    return dict(stats.get(hostname) or {})
-
-
 def send_countdowns(cluster: Cluster, tags: range, first: float, spread: float) -> None:
     """Countdown tasks ``first``..``first + spread`` s away, each with 4 KB of headers."""
     now = time.time()
@@ -89,7 +84,7 @@ def test_an_evicting_store_loses_no_task_and_says_what_it_puts_at_risk(
     send_countdowns(cluster, range(1000), first=12.0, spread=10.0)
     ran_once_each(journal, range(1000), timeout=90)
 
-    stats = stats_of(cluster, worker.hostname)
+    stats = cluster.stats(worker.hostname)
     store, gate = stats["extras_store"], stats["extras_delay_gate"]
     assert store["policy"] == policy
     log = worker.log()
@@ -139,20 +134,20 @@ def test_a_full_noeviction_store_refuses_parks_and_loses_nothing(
                       extras_eta_store=True, extras_eta_threshold=2.0)  # fmt: skip
     worker = cluster.worker("w1", concurrency=2)
     send_countdowns(cluster, range(200), first=8.0, spread=4.0)
-    wait_for(lambda: stats_of(cluster, worker.hostname).get("extras_delay_gate", {}).get(
+    wait_for(lambda: cluster.stats(worker.hostname).get("extras_delay_gate", {}).get(
              "park_errors") == 200, timeout=30, interval=0.5, what="200 parks refused")  # fmt: skip
     client.delete(*(f"filler:{i}" for i in range(filler)))
     # a full store is read again at most every FULL_RECHECK s, at a park: parks arriving
     # within that of the last read stay with the worker; these come after it
     time.sleep(FULL_RECHECK + 0.5)
     send_countdowns(cluster, range(200, 400), first=8.0, spread=4.0)
-    wait_for(lambda: stats_of(cluster, worker.hostname)["extras_delay_gate"]["eta_parked"] == 200,
+    wait_for(lambda: cluster.stats(worker.hostname)["extras_delay_gate"]["eta_parked"] == 200,
              timeout=30, interval=0.5, what="200 parks once memory freed")  # fmt: skip
     ran_once_each(journal, range(400), timeout=60)
     log = worker.log()
     assert len(OOM_LINE.findall(log)) == 1, "one line for the one outage"
     assert log.count("delay store: the store answers again") == 1
-    assert stats_of(cluster, worker.hostname)["extras_store"]["at_risk"] == []
+    assert cluster.stats(worker.hostname)["extras_store"]["at_risk"] == []
 
 
 def active_queues(cluster: Cluster, hostname: str) -> list[str]:
@@ -164,7 +159,7 @@ def test_an_app_that_parks_nothing_consumes_exactly_its_queues(cluster: Cluster,
     cluster.configure()  # tests.support.tasks: no limit/retry_policy/coalesce, no ETA store
     worker = cluster.worker("w1", concurrency=2)
     assert active_queues(cluster, worker.hostname) == [ns]
-    delay = stats_of(cluster, worker.hostname)["extras_delay"]
+    delay = cluster.stats(worker.hostname)["extras_delay"]
     assert delay == {"due_queues": [], "uses": []}
     assert extras(cluster, "delayed").stdout.splitlines()[1:] == [
         "due queues: none (no limit(), retry_policy() or coalesce(), extras_eta_store off)"
@@ -175,7 +170,7 @@ def test_an_app_that_parks_consumes_the_due_queue_and_says_why(cluster: Cluster,
     cluster.configure(include=PARKING)
     worker = cluster.worker("w1", concurrency=2)
     assert active_queues(cluster, worker.hostname) == [ns, f"{ns}.extras-due"]
-    delay = stats_of(cluster, worker.hostname)["extras_delay"]
+    delay = cluster.stats(worker.hostname)["extras_delay"]
     assert delay["due_queues"] == [f"{ns}.extras-due"]
     assert delay["uses"] == [
         "limit() on tests.delay.limited10",
@@ -194,7 +189,7 @@ def test_tasks_parked_before_the_eta_store_was_turned_off_still_run(
     cluster.configure(include=INCLUDE, extras_eta_store=True, extras_eta_threshold=2.0)
     first = cluster.worker("w1", concurrency=2)
     send_countdowns(cluster, range(5), first=10.0, spread=1.0)
-    wait_for(lambda: stats_of(cluster, first.hostname).get("extras_delay_gate", {}).get(
+    wait_for(lambda: cluster.stats(first.hostname).get("extras_delay_gate", {}).get(
              "eta_parked") == 5, timeout=30, interval=0.5, what="5 parked")  # fmt: skip
     # a restart, as a user turns a setting off (warm: Celery acks a message on the event
     # loop's next turn, and the stats of this one may answer first; a SIGKILL in between
@@ -261,7 +256,7 @@ def test_a_store_that_keeps_nothing_on_disk_is_warned_of_once(
     try:
         cluster.configure(extras_redis_url=store.url)
         worker = cluster.worker("w1", concurrency=2)
-        stats = stats_of(cluster, worker.hostname)["extras_store"]
+        stats = cluster.stats(worker.hostname)["extras_store"]
         assert stats["persistence"] == ("aof" if appendonly == "yes" else "none")
         assert worker.log().count(NO_DISK) == (0 if appendonly == "yes" else 1)
     finally:

@@ -25,7 +25,7 @@ from tests.support.brokers import PrivateRedis
 from tests.support.journal import Journal
 from tests.support.outages import store_outages, store_recoveries
 from tests.support.proxy import StallingProxy
-from tests.support.workers import WorkerProcess, wait_for
+from tests.support.workers import wait_for
 
 INCLUDE = ("tests.support.tasks_stall",)
 FREE, LIMITED, CAPPED, COALESCED, DEBOUNCED, ONE_SLOT = (
@@ -61,19 +61,6 @@ class Stall:
             os.kill(self.store.proc.pid, signal.SIGCONT)
         else:
             self.store.start()
-
-
-def line_of(cluster: Cluster, worker: WorkerProcess) -> dict[str, Any]:
-    """What *worker*'s admission line says in ``inspect stats``."""
-    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=5).stats() or {}
-    return dict((stats.get(worker.hostname) or {}).get("extras_store_line") or {})
-
-
-def slots_of(cluster: Cluster, worker: WorkerProcess) -> dict[str, Any]:
-    """What *worker*'s concurrency gate says in ``inspect stats``."""
-    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=5).stats() or {}
-    policies = (stats.get(worker.hostname) or {}).get("extras_policies") or {}
-    return dict(policies.get("concurrency") or {})
 
 
 def main_process_lines(log: str) -> str:
@@ -172,7 +159,15 @@ def test_an_ask_the_store_did_but_never_answered_is_asked_again_as_the_same_hold
         cluster.configure(include=INCLUDE, extras_redis_url=proxy.url, **conf)
         worker = cluster.worker("w1", concurrency=2)
         assert send(task, "warm").get(timeout=60) == "warm"  # connection made, script loaded
-        wait_for(lambda: line_of(cluster, worker).get("unanswered") == 0,
+
+        def stats(*path: str) -> Any:
+            """*worker*'s ``inspect stats`` at *path*."""
+            value: Any = cluster.stats(worker.hostname)
+            for part in path:
+                value = (value or {}).get(part)
+            return value
+
+        wait_for(lambda: stats("extras_store_line", "unanswered") == 0,
                  what="the warm task's ending answered")  # fmt: skip
 
         proxy.stall()
@@ -182,7 +177,7 @@ def test_an_ask_the_store_did_but_never_answered_is_asked_again_as_the_same_hold
         proxy.resume()  # the stalled ask reaches the store now
         assert lost.get(timeout=60) == "lost-reply"
         if task == ONE_SLOT:  # the next asks the store, not the worker's own slots
-            wait_for(lambda: slots_of(cluster, worker).get("store") == "ok", timeout=30,
+            wait_for(lambda: stats("extras_policies", "concurrency", "store") == "ok", timeout=30,
                      what="the concurrency slots' store answering again")  # fmt: skip
         assert send(task, "next").get(timeout=60) == "next"
         runs = Counter(e["tag"] for e in journal.entries() if e["task"] == task)

@@ -11,6 +11,7 @@ import redis
 from celery import Task
 
 from .brokers import REDIS_URL
+from .workers import wait_for
 
 __all__ = ["Journal"]
 
@@ -63,6 +64,10 @@ class Journal:
     def marked(self, kind: str) -> set[str]:
         return set(self.client.smembers(f"{self.key}:{kind}"))
 
+    def wait_for_runs(self, count: int, timeout: float, what: str) -> None:
+        """Wait until *count* entries are in (*what* they are, for the failure)."""
+        wait_for(lambda: len(self) >= count, timeout=timeout, interval=0.2, what=what)
+
     def entries(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.client.lrange(self.key, 0, -1)]
 
@@ -70,4 +75,4 @@ class Journal:
         return int(self.client.llen(self.key))
 
     def clear(self) -> None:
-        self.client.delete(self.key, *self.client.keys(f"{self.key}:flag:*"))
+        self.client.delete(self.key, *self.client.keys(f"{self.key}:*"))  # flags and marks
