@@ -61,18 +61,25 @@ def herd(plain: bool, n: int) -> tuple[float, int, int, int]:
         run.send(
             "bench.herd.member", ((i,) for i in range(n)), eta=datetime.fromtimestamp(due, UTC)
         )
-        sent = time.time()
-        assert sent < due - 20, f"sending {n:,} took until {due - sent:.1f} s before the ETA"
-        deadline = due + 120 + n / 100
-        while len(run.journal) < n and time.time() < deadline:
-            time.sleep(0.5)
-        time.sleep(2)  # a measurement period: late duplicates show up in it
-        entries = run.journal.entries()
-        runs = Counter(e["tag"] for e in entries)
+        entries, runs = _ran(run.journal, n, due)
         last = max(e["t"] for e in entries)
         assert run.sampler is not None
         twice = sum(1 for c in runs.values() if c > 1)
         return last - due, run.sampler.peak_kb(started), len(runs), twice
+
+
+def _ran(journal: Journal, n: int, due: float) -> tuple[list[dict[str, Any]], Counter[Any]]:
+    """Once the herd of *n* due at *due* (sent just now) ran, or its deadline passed: the
+    journal's entries, and the runs of each task (by tag)."""
+    assert time.time() < due - 20, (
+        f"sending {n:,} took until {due - time.time():.1f} s before the ETA"
+    )
+    deadline = due + 120 + n / 100
+    while len(journal) < n and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)  # a measurement period: late duplicates show up in it
+    entries = journal.entries()
+    return entries, Counter(e["tag"] for e in entries)
 
 
 def _due_in(n: int) -> float:
@@ -93,14 +100,7 @@ def herd_on_two_workers(plain: bool, n: int) -> tuple[float, int, int, int]:
         with run.app.producer_or_acquire() as producer:
             for i in range(n):
                 run.app.send_task("bench.herd.member", (i,), eta=eta, producer=producer)
-        sent = time.time()
-        assert sent < due - 20, f"sending {n:,} took until {due - sent:.1f} s before the ETA"
-        deadline = due + 120 + n / 100
-        while len(run.journal) < n and time.time() < deadline:
-            time.sleep(0.5)
-        time.sleep(2)  # a measurement period: late duplicates show up in it
-        entries = run.journal.entries()
-        runs = Counter(e["tag"] for e in entries)
+        entries, runs = _ran(run.journal, n, due)
         early = sum(1 for e in entries if e["t"] < due - 0.05)
         twice = sum(1 for c in runs.values() if c > 1)
         return max(e["t"] for e in entries) - due, len(runs), twice, early
