@@ -10,7 +10,8 @@ alternating pairs of drains of :data:`BACKLOG` queued tasks, each worker drainin
 of each side and their ratio, and per admitted task the store's script calls (each one
 round trip: every store call of a gate is a script, but the rounds the worker's admission
 line wrote together, counted by the worker) and the Redis server's CPU time, the store's
-own background (timers, threads) measured while idle and taken off.
+own background (timers, threads) measured while idle and taken off; and the CPU time
+each worker's main process used over its drain, per task.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import redis
 
 from tests.support.brokers import PrivateRedis, require_broker
 
+from .runs import cpu_seconds
 from .stats import Drainer
 from .table import Row
 
@@ -79,6 +81,9 @@ class GateFigures:
     extras: list[float] = field(default_factory=list)
     trips: list[float] = field(default_factory=list)  # store round trips per task, idle off
     usec: list[float] = field(default_factory=list)  # store CPU per task, idle off
+    #: the worker main process's CPU per task (us), each side: the bottleneck of a worker
+    main_plain: list[float] = field(default_factory=list)
+    main_extras: list[float] = field(default_factory=list)
 
     @property
     def target(self) -> str:
@@ -104,6 +109,11 @@ def _batched(drainer: Drainer) -> int:
     return int(line.get("rounds", 0)) - int(line.get("writes", 0))
 
 
+def _per_task(seconds: float) -> float:
+    """*seconds* of a drain's CPU, in us per task of :data:`BACKLOG`."""
+    return 1e6 * seconds / BACKLOG
+
+
 def run(broker_name: str = "redis", rounds: int = ROUNDS) -> list[GateFigures]:
     broker = require_broker(broker_name)
     figures = [GateFigures(task, label, floor) for task, label, floor in GATES]
@@ -116,11 +126,15 @@ def run(broker_name: str = "redis", rounds: int = ROUNDS) -> list[GateFigures]:
             extras.start(warm=tuple(one.task for one in figures))
             for _ in range(rounds):
                 for one in figures:
+                    used = cpu_seconds(plain.worker.pid)
                     one.plain.append(BACKLOG / plain.drain(BACKLOG, extras.worker, PLAIN))
+                    one.main_plain.append(_per_task(cpu_seconds(plain.worker.pid) - used))
                     per_s, usec_per_s = _background(store)
                     calls, usec = store.totals()
                     batched = _batched(extras)
+                    used = cpu_seconds(extras.worker.pid)
                     seconds = extras.drain(BACKLOG, plain.worker, one.task)
+                    one.main_extras.append(_per_task(cpu_seconds(extras.worker.pid) - used))
                     calls2, usec2 = store.totals()
                     batched = _batched(extras) - batched
                     one.extras.append(BACKLOG / seconds)
@@ -140,7 +154,9 @@ def rows(figures: list[GateFigures], broker_name: str = "redis") -> list[Row]:
         out.append(Row(
             f"{BACKLOG:,} queued no-op tasks, {one.label}, prefork c=2, {broker_name}",
             "tasks/s", max(one.plain), max(one.extras), one.target, one.met(), runs=len(one.plain),
-            note=f"store per task: {trips:.2f} round trips, {usec:.0f} us of Redis CPU",
+            note=f"store per task: {trips:.2f} round trips, {usec:.0f} us of Redis CPU; the "
+                 f"worker's main process: {min(one.main_extras):.0f} us of CPU per task (plain "
+                 f"{min(one.main_plain):.0f})",
         ))  # fmt: skip
     every = figures[-1]
     usec, trips = min(every.usec), min(every.trips)

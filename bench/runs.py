@@ -5,6 +5,7 @@ the bench fails half-way.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
@@ -20,7 +21,7 @@ from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.journal import Journal
 from tests.support.workers import WorkerProcess
 
-__all__ = ["Cluster", "RssSampler", "Run", "rss_kb"]
+__all__ = ["Cluster", "RssSampler", "Run", "cpu_seconds", "rss_kb"]
 
 
 def rss_kb(pid: int) -> int:
@@ -33,6 +34,16 @@ def rss_kb(pid: int) -> int:
     except FileNotFoundError:
         pass
     return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process *pid* has used so far, in seconds (0 once gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class RssSampler(threading.Thread):
