@@ -214,7 +214,10 @@ class SettlingWorker:
         due = debounce.waiting.next_due() if debounce is not None else None
         if due is not None and due <= clock.monotonic():
             return "a debounced message due"
-        running, reserved = compat.active_requests(), compat.reserved_requests()
+        running, reserved = (
+            self._own(compat.active_requests()),
+            self._own(compat.reserved_requests()),
+        )
         if running:
             return f"{len(running)} task(s) running"
         if reserved:
@@ -229,6 +232,15 @@ class SettlingWorker:
         if unacked > 0:
             return f"{unacked} message(s) {_ON_THE_WAY}"
         return ""
+
+    def _own(self, requests: Any) -> list[Any]:
+        """Those of *requests* (Celery's sets, one per process) that are this worker's app's:
+        another in-process worker of the process, an earlier test's, is not waited for."""
+        while True:
+            try:
+                return [r for r in list(requests) if getattr(r, "app", self.app) is self.app]
+            except RuntimeError:  # the worker's thread changed the set as it was read
+                continue
 
     def _waiting_in(self, queue: str) -> int:
         """Messages in *queue*: a virtual transport (Redis, memory) is asked with a plain
