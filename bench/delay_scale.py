@@ -53,6 +53,7 @@ from tests.support import topology as topologies
 from tests.support.brokers import PrivateRedis
 from tests.support.topology import RedisClusterTopology, redis_cluster
 
+from .runs import cpu_seconds
 from .table import Row
 
 __all__ = ["measure"]
@@ -334,15 +335,6 @@ def _mover_process(url: str, prefixes: list[str], start: Barrier, out: Any) -> N
         out.put((mover.counts["released"], mover.counts["publish_errors"], time.monotonic(),
                  time.process_time() - cpu))  # fmt: skip
     client.close()
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process *pid* so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 @dataclass

@@ -23,6 +23,8 @@ from tests.support.workers import WorkerProcess
 
 __all__ = ["Cluster", "RssSampler", "Run", "cpu_seconds", "rss_kb"]
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
 
 def rss_kb(pid: int) -> int:
     """Resident set size of process *pid* in kB (0 once it has gone)."""
@@ -37,13 +39,10 @@ def rss_kb(pid: int) -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) process *pid* has used so far, in seconds (0 once gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time (user + system) process *pid* has used so far, in seconds."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 class RssSampler(threading.Thread):
