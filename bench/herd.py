@@ -26,7 +26,7 @@ from celery import Task, shared_task
 from celery_extras.delay.capability import DELAY
 from tests.support.journal import Journal
 
-from .runs import Cluster, Run
+from .runs import Cluster, Run, send_each
 from .table import Row
 
 __all__ = ["herd", "herd_on_two_workers", "measure"]
@@ -96,10 +96,8 @@ def herd_on_two_workers(plain: bool, n: int) -> tuple[float, int, int, int]:
         for worker in run.workers:
             worker.wait_ready(timeout=120)
         due = time.time() + _due_in(n)
-        eta = datetime.fromtimestamp(due, UTC)
-        with run.app.producer_or_acquire() as producer:
-            for i in range(n):
-                run.app.send_task("bench.herd.member", (i,), eta=eta, producer=producer)
+        send_each(run.app, "bench.herd.member", ((i,) for i in range(n)),
+                  eta=datetime.fromtimestamp(due, UTC))  # fmt: skip
         entries, runs = _ran(run.journal, n, due)
         early = sum(1 for e in entries if e["t"] < due - 0.05)
         twice = sum(1 for c in runs.values() if c > 1)

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from celery import Celery
 
 from tests.support import proj
 from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.journal import Journal
 from tests.support.workers import WorkerProcess
 
-__all__ = ["Cluster", "RssSampler", "Run", "cpu_seconds", "rss_kb"]
+__all__ = ["Cluster", "RssSampler", "Run", "cpu_seconds", "rss_kb", "send_each"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -43,6 +44,16 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def send_each(app: Celery, name: str, args: Iterable[tuple[Any, ...]], **options: Any) -> int:
+    """Publish one *name* task of *app* per ``args`` tuple on one pooled producer; how many."""
+    count = 0
+    with app.producer_or_acquire() as producer:
+        for one in args:
+            app.send_task(name, args=one, producer=producer, **options)
+            count += 1
+    return count
 
 
 class RssSampler(threading.Thread):
@@ -114,12 +125,7 @@ class Run:
 
     def send(self, name: str, args: Iterable[tuple[Any, ...]], **options: Any) -> int:
         """Publish one *name* task per ``args`` tuple on one pooled producer; how many."""
-        count = 0
-        with self.app.producer_or_acquire() as producer:
-            for one in args:
-                self.app.send_task(name, args=one, producer=producer, **options)
-                count += 1
-        return count
+        return send_each(self.app, name, args, **options)
 
     def starts(self, task: str) -> list[dict[str, Any]]:
         """The journal's runs of *task*, in start order."""
