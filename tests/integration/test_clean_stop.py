@@ -67,8 +67,7 @@ def test_warm_shutdown_with_every_capability_in_use_logs_no_warning(
              what="limited runs")  # fmt: skip
     wait_for(lambda: count(journal, "tests.policies.flaky") >= 3, timeout=60, what="retries")
     assert all(r.get(timeout=60)["key"] == "k" for r in coalesced)
-    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=5).stats() or {}
-    assert stats.get(worker.hostname, {}).get("extras"), "stats answered"
+    assert cluster.stats(worker.hostname).get("extras"), "stats answered"
     time.sleep(2.5)  # a sync round (extras_sync_interval 2 s) runs before the stop
     # at the stop: runs waiting for a concurrency slot and for a coalescing key's run
     for i in range(6, 12):

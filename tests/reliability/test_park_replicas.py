@@ -68,8 +68,7 @@ def test_a_park_returns_once_the_replica_has_it_and_fails_while_it_is_paused(
 
 
 def gate_stats(cluster: Cluster, hostname: str) -> dict[str, Any]:
-    stats = cluster.app.control.inspect(destination=[hostname], timeout=5).stats() or {}
-    return dict((stats.get(hostname) or {}).get("extras_delay_gate") or {})
+    return dict(cluster.stats(hostname).get("extras_delay_gate") or {})
 
 
 @contextlib.contextmanager
