@@ -12,6 +12,8 @@ left this worker before running (:meth:`Gate.yielded`).
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -28,6 +30,7 @@ __all__ = [
     "Gate",
     "GateFactory",
     "Hold",
+    "HolderIds",
     "Queued",
     "Refuse",
     "Run",
@@ -126,6 +129,19 @@ class Ticket:
     def reply(self, label: str) -> Any:
         """The round's reply to gate *label*'s call (taken: read once), or :data:`NO_REPLY`."""
         return self.replies.pop(label, NO_REPLY) if self.replies else NO_REPLY
+
+
+class HolderIds:
+    """The holder ids one gate of a worker gives the deliveries it holds for: the gate's
+    random id (:attr:`worker`, its name in the store) and a count, unique across the
+    cluster and restarts without a random draw per delivery."""
+
+    def __init__(self) -> None:
+        self.worker = uuid.uuid4().hex[:16]
+        self._count = itertools.count(1)
+
+    def __call__(self) -> str:
+        return f"{self.worker}:{next(self._count):x}"
 
 
 class Gate:

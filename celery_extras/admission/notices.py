@@ -11,6 +11,8 @@ hub, schedules a timer call); the event loop does the rest.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -22,7 +24,15 @@ from typing import Any, Protocol
 from ..store.health import store_text
 from ..threads import FORK_GATE, start_thread
 
-__all__ = ["ALL", "Bucket", "NoticeSource", "ReleaseNotices", "notice", "parse_notice"]
+__all__ = [
+    "ALL",
+    "Bucket",
+    "NoticeSource",
+    "ReleaseNotices",
+    "bucket_tag",
+    "notice",
+    "parse_notice",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +41,15 @@ Bucket = tuple[str, str]
 
 #: A notice meaning "every bucket": the listener (re)subscribed and may have missed some.
 ALL: Bucket = ("", "\0all")
+
+
+@functools.lru_cache(maxsize=4096)
+def bucket_tag(name: str, key: str) -> str:
+    """The hash tag of bucket ``(name, key)``'s keys in the store: a digest (any key fits,
+    and the bucket's keys share a Redis Cluster slot), kept for the buckets in use (a
+    run's arrival and its end name the same bucket)."""
+    digest = hashlib.sha1(f"{name}\0{key}".encode(), usedforsecurity=False).hexdigest()[:20]
+    return f"{{{digest}}}"
 
 
 def notice(name: str, key: str) -> str:

@@ -32,6 +32,7 @@ class Rounds:
         self.counts: Counter[str] = Counter()
         self._consumer: Any = None  # with an event loop: the consumer
         self._loop = 0  # the thread of its loop
+        self._hub: Any = None  # the loop of the line, which flushes it each turn
 
     def send(self, ticket: Any, gates: Sequence[Any], asker: str,
              then: Callable[[Any], None]) -> bool:  # fmt: skip
@@ -71,6 +72,7 @@ class Rounds:
         """Answer the rounds on the line (the consumer stops), and let its connection go."""
         line, self.line = self.line, None
         if line is not None:
+            self._hub.on_tick.discard(line.flush)
             line.close()
 
     def info(self) -> dict[str, int]:
@@ -106,6 +108,8 @@ class Rounds:
 
             timeout = settings_of(consumer.app)[STORE_TIMEOUT]
             self.line = StoreLine(client, watch, timeout, counts=self.counts)
+            self._hub = hub
+            hub.on_tick.add(self.line.flush)  # one write a turn, before the loop polls
         return self.line
 
 

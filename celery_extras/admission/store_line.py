@@ -4,9 +4,11 @@ A round (:mod:`.store_round`) made as a call blocks the consumer's loop for its 
 and redis-py's command path costs the loop more CPU than the trip itself. A
 :class:`StoreLine` keeps one connection of the store's pool for the loop's rounds: it
 writes a round and returns; the loop goes on (the next message, a result of the pool)
-and reads the replies when the socket is readable. Rounds that arrive while a write is
-answered go out together, as one write of several ``EVALSHA``, when its replies are in:
-a busy worker admits several tasks per round trip, and the loop never waits on the store.
+and reads the replies when the socket is readable. The line writes once per turn of the
+loop (:meth:`StoreLine.flush`, which the loop calls before it polls): the rounds of one
+turn (a message, the pool's results, the replies of the last write) and those sent while
+a write is answered go out together, as one write of several ``EVALSHA``. A busy worker
+admits several tasks per round trip, and the loop never waits on the store.
 
 A round the line cannot make (no connection, a reset) is answered :data:`NO_REPLY`: its
 gates then ask the store alone, through the client and its retry, as when no round is
@@ -27,6 +29,11 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as StoreTimeout
 
 from ..scripts import StoreScript
+
+try:  # a write's commands packed in C, without redis-py's per-argument checks
+    from hiredis import pack_command as _pack_command
+except ImportError:  # hiredis before 2.1: redis-py packs them
+    _pack_command = None  # type: ignore[assignment]
 from .store_round import NO_REPLY
 
 __all__ = ["StoreLine"]
@@ -48,8 +55,8 @@ class _Round:
 
 class StoreLine:
     """Rounds of one loop (*watch*: ``(fd, callback)`` registers a reader, ``(fd, None)``
-    removes it) on a connection of *client*'s pool; a write unanswered after *timeout*
-    seconds fails (see :meth:`tick`)."""
+    removes it; the loop calls :meth:`flush` once a turn) on a connection of *client*'s
+    pool; a write unanswered after *timeout* seconds fails (see :meth:`tick`)."""
 
     def __init__(
         self,
@@ -70,18 +77,22 @@ class StoreLine:
         self._queued: list[_Round] = []
         self._sent: list[_Round] = []
         self._since = 0.0
-        self._answering = False
 
     def send(
         self, script: StoreScript, keys: Sequence[str], args: Sequence[Any],
         answer: Callable[[Any], None],
     ) -> None:  # fmt: skip
-        """Make *script*'s call (the time first when it is timed, now) and call *answer*
-        with its reply, the :class:`~redis.exceptions.ResponseError` it raised, a
-        timeout, or :data:`NO_REPLY`, later, from the loop."""
+        """Make *script*'s call (the time first when it is timed, now) with the next
+        write (:meth:`flush`) and call *answer* with its reply, the
+        :class:`~redis.exceptions.ResponseError` it raised, a timeout, or
+        :data:`NO_REPLY`, later, from the loop."""
         command = ("EVALSHA", script.sha, len(keys), *keys, *script.args(args))
         self._queued.append(_Round(script, command, answer))
-        if not self._sent and not self._answering:
+
+    def flush(self) -> None:
+        """The loop's turn ends (it is about to poll): the rounds queued go, as one write,
+        unless a write is out (they go once its replies are in)."""
+        if self._queued and not self._sent:
             self._write()
 
     def in_flight(self) -> int:
@@ -90,7 +101,8 @@ class StoreLine:
 
     def readable(self) -> None:
         """The connection's socket is readable: the written rounds' replies are read (all
-        of one write come together) and answered, then the rounds queued meanwhile go."""
+        of one write come together) and answered; the rounds queued meanwhile go with the
+        loop's next :meth:`flush`."""
         rounds, self._sent = self._sent, []
         replies: list[Any] = []
         try:
@@ -102,8 +114,6 @@ class StoreLine:
             self._lost(exc)
         replies += [NO_REPLY] * (len(rounds) - len(replies))
         self._answer(rounds, replies)
-        if not self._sent:
-            self._write()
 
     def tick(self) -> None:
         """A write unanswered for longer than the timeout: the store stalls; its rounds are
@@ -140,9 +150,10 @@ class StoreLine:
             return
         try:
             connection = self._connect()
-            connection.send_packed_command(
-                connection.pack_commands([r.command for r in rounds]), check_health=False
-            )
+            commands = [r.command for r in rounds]
+            packed = ([b"".join(map(_pack_command, commands))] if _pack_command is not None
+                      else connection.pack_commands(commands))  # fmt: skip
+            connection.send_packed_command(packed, check_health=False)
         except Exception as exc:
             self._lost(exc)
             self._answer(rounds, [NO_REPLY] * len(rounds))
@@ -188,17 +199,13 @@ class StoreLine:
             self.client.connection_pool.release(connection)
 
     def _answer(self, rounds: list[_Round], replies: list[Any]) -> None:
-        self._answering = True
-        try:
-            for round_, reply in zip(rounds, replies, strict=True):
-                if reply is _LOST_SCRIPT:
-                    reply = self._reload(round_.script)
-                try:
-                    round_.answer(reply)
-                except Exception:
-                    logger.exception("celery-extras: answering an admission round failed")
-        finally:
-            self._answering = False
+        for round_, reply in zip(rounds, replies, strict=True):
+            if reply is _LOST_SCRIPT:
+                reply = self._reload(round_.script)
+            try:
+                round_.answer(reply)
+            except Exception:
+                logger.exception("celery-extras: answering an admission round failed")
 
     def _reload(self, script: StoreScript) -> Any:
         """The store lost *script* (restarted, flushed): loaded again for the next rounds."""

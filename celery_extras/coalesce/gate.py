@@ -28,7 +28,6 @@ message does: ``'hold'`` waits (unacked) and asks again every
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,7 +42,7 @@ from ..admission.covered import (
     context_of,
     encode_context,
 )
-from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
+from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, HolderIds, Ticket
 from ..admission.key_runs import (
     covered_messages,
     discarded_key,
@@ -77,10 +76,11 @@ CONTEXT_NOTE = "coalesce.context"
 Question = tuple[str, float, str, float, str, int, str]
 
 
-def new_holding(ticket: Ticket, spec: CoalesceSpec, worker: str, now: float) -> CoalesceHolding:
-    """A new hold of *ticket*'s key, under the delivery's holder id (of *worker*)."""
+def new_holding(ticket: Ticket, spec: CoalesceSpec, holders: HolderIds, now: float
+                ) -> CoalesceHolding:  # fmt: skip
+    """A new hold of *ticket*'s key, under the delivery's holder id (one of *holders*)."""
     key = call_key(ticket.name, spec.key, ticket.request, "coalesce", "key", logger)
-    holder = ticket.holder(CoalesceGate.label, lambda: f"{worker}:{uuid.uuid4().hex[:12]}")
+    holder = ticket.holder(CoalesceGate.label, holders)
     return CoalesceHolding((ticket.name, key), holder, spec.lease, now)
 
 
@@ -122,7 +122,7 @@ class CoalesceGate(Gate):
         self.health = store_user(app, logger, "coalescing holds",
                                  consequence[self.on_store_error], clock)  # fmt: skip
         self.holds = Holds(app, self.health, wall)
-        self.worker = uuid.uuid4().hex[:16]
+        self.holders = HolderIds()
         self.runs = RunHolds(self.holds)
         self.waiting: dict[Bucket, list[tuple[Ticket, CoalesceHolding]]] = {}
         self.endings = CoveredEndings(app)
@@ -157,7 +157,7 @@ class CoalesceGate(Gate):
         if not self.holds.joins_rounds():
             return None
         holding = ticket.notes[self.label] = new_holding(ticket, self.specs[ticket.name],
-                                                         self.worker, self.clock())  # fmt: skip
+                                                         self.holders, self.clock())  # fmt: skip
         return self.holds.ask_call(holding.bucket, *self._question(ticket, holding))
 
     def _question(self, ticket: Ticket, holding: CoalesceHolding) -> Question:
@@ -167,7 +167,7 @@ class CoalesceGate(Gate):
 
     def admit(self, ticket: Ticket) -> Answer:
         holding = ticket.notes.pop(self.label, None) or new_holding(
-            ticket, self.specs[ticket.name], self.worker, self.clock())  # fmt: skip
+            ticket, self.specs[ticket.name], self.holders, self.clock())  # fmt: skip
         reply = ticket.reply(self.label)  # the round's, asked as arrival_call put it
         verdict = (self.holds.asked(reply) if reply is not NO_REPLY else
                    self.holds.ask(holding.bucket, *self._question(ticket, holding)))  # fmt: skip

@@ -10,13 +10,12 @@ one channel, so the worker holding the waiting run starts it at once. No Celery 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Iterator
 from typing import Any, cast
 
-from ..admission.notices import Bucket, notice
+from ..admission.notices import Bucket, bucket_tag, notice
 from ..admission.store_round import ALWAYS, StoreCall, answered
 from ..scripts import NOW, load, register
 from .table import CoalesceFinished, CoalesceVerdict
@@ -46,8 +45,7 @@ class RedisHolds:
 
     def hash_key(self, name: str, key: str) -> str:
         """The hash of ``(name, key)``, under a hash tag of its own."""
-        digest = hashlib.sha1(f"{name}\0{key}".encode(), usedforsecurity=False).hexdigest()[:20]
-        return f"{self.prefix}:coalesce:{{{digest}}}"
+        return f"{self.prefix}:coalesce:{bucket_tag(name, key)}"
 
     def _call(self, bucket: Bucket, *args: Any) -> Any:
         return self._data(bucket, *args)()

@@ -22,14 +22,13 @@ slots back when their leases run out.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery
 
 from .. import compat
-from ..admission.gate import QUEUED, RUN, Answer, Gate, Ticket
+from ..admission.gate import QUEUED, RUN, Answer, Gate, HolderIds, Ticket
 from ..admission.notices import ALL, ReleaseNotices
 from ..admission.spec import call_key
 from ..admission.store_round import NO_REPLY, StoreCall
@@ -68,9 +67,8 @@ class SlotGate(Gate):
         consequence = (f"global concurrency limits fall back to extras_concurrency_on_store_error="
                        f"{self.on_store_error!r} until it answers")  # fmt: skip
         self.health = store_user(app, logger, "concurrency slots", consequence, clock)
-        worker = uuid.uuid4().hex[:16]
         self.store = StoreSlots(lambda: RedisSlots(redis_client(app), store_key(app)),
-                                self.health, worker, clock)  # fmt: skip
+                                self.health, HolderIds(), clock)  # fmt: skip
         self.queues: WaitQueues[Ticket] = WaitQueues()
         self.grants: dict[int, Grant] = {}
         self.counts = {"admitted": 0, "waited": 0, "released": 0, "lost_leases": 0}

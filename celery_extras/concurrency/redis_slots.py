@@ -26,12 +26,11 @@ at most every :data:`CAP_REFRESH` seconds). No Celery import.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable
 from typing import Any, cast
 
-from ..admission.notices import notice
+from ..admission.notices import bucket_tag, notice
 from ..admission.store_round import StoreCall, answered
 from ..admission.stored_table import StoredTable
 from ..checks import is_int
@@ -97,8 +96,7 @@ class RedisSlots:
 
     def keys(self, name: str, key: str = "") -> list[str]:
         """The bucket's keys: one hash tag (a digest of task and key) for all three."""
-        digest = hashlib.sha1(f"{name}\0{key}".encode(), usedforsecurity=False).hexdigest()[:20]
-        base = f"{self.prefix}:conc:{{{digest}}}"
+        base = f"{self.prefix}:conc:{bucket_tag(name, key)}"
         return [f"{base}:holders", f"{base}:queue", f"{base}:tickets"]
 
     def acquire(

@@ -10,11 +10,11 @@ worker's tickets in each bucket's queue) or :data:`UNLIMITED` (the store away wi
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..admission.gate import HolderIds
 from ..admission.store_round import NO_REPLY, StoreCall, answered
 from ..store.health import StoreUser, may_have_been_done
 from .redis_slots import HANDOVER_PATIENCE, RedisSlots
@@ -99,12 +99,13 @@ class StoreSlots:
 
     kind = "global"
 
-    def __init__(self, store: Callable[[], RedisSlots], health: StoreUser, worker: str,
+    def __init__(self, store: Callable[[], RedisSlots], health: StoreUser, holders: HolderIds,
                  clock: Callable[[], float]) -> None:  # fmt: skip
         self._make_store = store
         self._store: RedisSlots | None = None
         self.health = health
-        self.worker = worker
+        self.holders = holders
+        self.worker = holders.worker
         self.clock = clock
         #: buckets where this worker has a ticket, and when it was last made alive
         self.tickets: dict[Bucket, float] = {}
@@ -120,7 +121,7 @@ class StoreSlots:
         return self._store
 
     def holder(self) -> str:
-        return f"{self.worker}:{uuid.uuid4().hex[:12]}"
+        return self.holders()
 
     def acquire_call(self, bucket: Bucket, holder: str, cap: int, lease: float,
                      more: bool) -> StoreCall:  # fmt: skip

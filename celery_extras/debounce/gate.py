@@ -32,7 +32,6 @@ does: ``'hold'`` waits (unacked) and asks again every ``extras_store_retry`` sec
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,7 +40,7 @@ from celery.signals import task_revoked
 
 from .. import compat
 from ..admission.covered import CoveredEndings, CoveredMessage, context_of, encode_context
-from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
+from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, HolderIds, Ticket
 from ..admission.key_runs import (
     covered_messages,
     discarded_key,
@@ -96,7 +95,7 @@ class DebounceGate(Gate):
         self.health = store_user(app, logger, "debounce holds",
                                  CONSEQUENCE[self.on_store_error], clock)  # fmt: skip
         self.holds = DebounceHolds(app, self.health, wall)
-        self.worker = uuid.uuid4().hex[:16]
+        self.holders = HolderIds()
         self.holding: dict[int, tuple[Ticket, DebounceHolding]] = {}  # runs, by id(request)
         self.waiting = Waiting()
         self.endings = CoveredEndings(app)
@@ -134,7 +133,7 @@ class DebounceGate(Gate):
         spec = self.specs[ticket.name]
         bucket = (ticket.name, call_key(ticket.name, spec.key, ticket.request, "debounce", "key",
                                         logger))  # fmt: skip
-        holder = ticket.holder(self.label, lambda: f"{self.worker}:{uuid.uuid4().hex[:12]}")
+        holder = ticket.holder(self.label, self.holders)
         holding = DebounceHolding(bucket, holder, spec.lease, self.clock())
         verdict = self._ask(ticket, holding)
         if verdict is None:

@@ -11,11 +11,10 @@ message starts it at once. No Celery import.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Any, cast
 
-from ..admission.notices import Bucket, notice
+from ..admission.notices import Bucket, bucket_tag, notice
 from ..scripts import NOW, load, register
 from .table import DebounceFinished, DebounceVerdict
 
@@ -51,8 +50,7 @@ class RedisDebounce:
 
     def hash_key(self, name: str, key: str) -> str:
         """The hash of ``(name, key)``, under a hash tag of its own."""
-        digest = hashlib.sha1(f"{name}\0{key}".encode(), usedforsecurity=False).hexdigest()[:20]
-        return f"{self.prefix}:debounce:{{{digest}}}"
+        return f"{self.prefix}:debounce:{bucket_tag(name, key)}"
 
     def _call(self, bucket: Bucket, *args: Any) -> Any:
         return self._script(keys=[self.hash_key(*bucket)], args=list(args))

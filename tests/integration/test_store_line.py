@@ -1,6 +1,7 @@
 """The admission line (``admission/store_line.py``) on a real Redis, driven as the worker's
-event loop drives it: a write returns at once; the socket, polled here, says when replies
-are in; rounds sent meanwhile go out as one write. And each way a store fails it: a script
+event loop drives it: rounds go out as one write when the loop's turn ends (before it
+polls); the socket, polled here, says when replies are in; rounds sent meanwhile go out
+together with the next turn. And each way a store fails it: a script
 it lost, a Lua error, a store that does not answer, one that refuses connections, one that
 closes the connection. No worker and no broker here."""
 
@@ -33,10 +34,12 @@ FAILS = "return redis.error_reply('ERR this round fails')"
 
 
 class Loop:
-    """What the worker's hub is to the line: the readers it watches, polled on demand."""
+    """What the worker's hub is to the line: the readers it watches, polled on demand, and
+    the callbacks it calls before it polls (``on_tick``)."""
 
     def __init__(self) -> None:
         self.readers: dict[int, Callable[[], None]] = {}
+        self.on_tick: list[Callable[[], None]] = []
 
     def watch(self, fd: int, readable: Callable[[], None] | None) -> None:
         if readable is None:
@@ -45,7 +48,9 @@ class Loop:
             self.readers[fd] = readable
 
     def turn(self, timeout: float = 5.0) -> int:
-        """One turn: the readable readers called; how many were."""
+        """One turn: the tick callbacks, then the readable readers called; how many were."""
+        for tick in self.on_tick:
+            tick()
         ready, _, _ = select.select(list(self.readers), [], [], timeout)
         for fd in ready:
             self.readers[fd]()
@@ -67,7 +72,9 @@ def store_client(url: str) -> Any:
 
 
 def line_on(client: Any, loop: Loop, timeout: float = 1.0) -> StoreLine:
-    return StoreLine(client, loop.watch, timeout)
+    line = StoreLine(client, loop.watch, timeout)
+    loop.on_tick.append(line.flush)
+    return line
 
 
 @pytest.fixture
@@ -77,22 +84,29 @@ def key() -> Iterator[str]:
     redis.Redis.from_url(REDIS_URL).delete(name)
 
 
-def test_rounds_sent_while_one_is_out_go_as_one_write_and_are_answered_in_order(
+def test_rounds_of_a_turn_and_those_sent_while_one_is_out_go_as_one_write_each(
     key: str,
 ) -> None:
     client, loop, answers = store_client(REDIS_URL), Loop(), Answers()
     add = register(client, ADD)
     add(keys=[key], args=[0])  # loaded
     line = line_on(client, loop)
-    line.send(add, [key], [1], answers)  # written at once
-    for n in (10, 100, 1000):  # out while the first is: queued
+    line.send(add, [key], [1], answers)
+    line.send(add, [key], [2], answers)  # the same turn: queued until it ends
+    assert line.counts == {} and loop.readers == {}  # nothing written yet
+    assert loop.turn() == 1  # the turn ends: one write of both; its replies come
+    assert answers.got == [1, 3] and line.counts == {"rounds": 2, "writes": 1}
+    line.send(add, [key], [10], answers)
+    line.flush()  # written: out until its reply is read
+    for n in (100, 1000):  # sent while it is out: queued, even across turns' ends
         line.send(add, [key], [n], answers)
-    assert answers.got == [] and line.in_flight() == 4
+        line.flush()
+    assert line.counts == {"rounds": 3, "writes": 2} and line.in_flight() == 3
     assert loop.turn() == 1
-    assert answers.got == [1]  # the first write's reply; the three queued now written
-    wait_for(lambda: loop.turn(0.1) and len(answers.got) == 4, timeout=5, what="the 3 replies")
-    assert answers.got == [1, 11, 111, 1111]
-    assert line.counts == {"rounds": 4, "writes": 2}
+    assert answers.got == [1, 3, 13]  # the out write's reply; the two queued go next turn
+    wait_for(lambda: loop.turn(0.1) and len(answers.got) == 5, timeout=5, what="2 replies")
+    assert answers.got == [1, 3, 13, 113, 1113]
+    assert line.counts == {"rounds": 5, "writes": 3}
     line.close()
     assert loop.readers == {}
 
@@ -144,10 +158,12 @@ def test_a_store_that_does_not_answer_times_the_round_out_and_the_line_lets_go(
         os.kill(store.proc.pid, signal.SIGSTOP)
         try:
             line.send(add, ["k"], [1], answers)
+            line.flush()  # written to the stopped store
             line.send(add, ["k"], [10], answers)  # queued behind the write that is out
+            line.flush()
             line.tick()
             assert answers.got == [1]  # not yet: the store has 0.3 s
-            assert loop.turn(0.5) == 0  # the store does not answer
+            assert loop.turn(0.5) == 0  # the store does not answer (the turn writes nothing)
             line.tick()
             assert len(answers.got) == 3 and isinstance(answers.got[1], StoreTimeout)
             assert answers.got[2] is NO_REPLY  # not written to the stalled store
@@ -175,6 +191,7 @@ def test_a_store_that_refuses_connections_answers_no_reply_at_once(tmp_path: Pat
     line = line_on(client, loop)
     asked = time.monotonic()
     line.send(add, ["k"], [1], answers)
+    line.flush()
     assert answers.got == [NO_REPLY] and time.monotonic() - asked < 1.0  # its gates ask alone
     assert line.counts["failed"] == 1 and loop.readers == {} and line.in_flight() == 0
 

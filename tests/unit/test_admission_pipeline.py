@@ -9,6 +9,7 @@ tick that finds a request Celery forgot.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -19,7 +20,17 @@ from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from celery_extras import compat
-from celery_extras.admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Ticket
+from celery_extras.admission.gate import (
+    COVERED,
+    QUEUED,
+    RUN,
+    Answer,
+    Gate,
+    Hold,
+    HolderIds,
+    Ticket,
+)
+from celery_extras.admission.notices import bucket_tag
 from celery_extras.admission.pipeline import TICK, Pipeline
 from celery_extras.admission.request_hook import request_hook
 from tests.support import worker_state as worker_state_support
@@ -514,3 +525,21 @@ def test_finished_tells_the_gates_when_a_retry_comes(
     pipeline.finished(retried, 7.0)
     pipeline.finished(done)
     assert slots.ended == [retried, done] and slots.retries_heard == [7.0, None]
+
+
+def test_holder_ids_are_unique_per_delivery_and_name_their_gate() -> None:
+    ids, other = HolderIds(), HolderIds()
+    made = [ids() for _ in range(1000)] + [other() for _ in range(1000)]
+    assert len(set(made)) == 2000
+    assert all(h.startswith(f"{ids.worker}:") for h in made[:1000])
+    assert ids.worker != other.worker and len(ids.worker) == 16
+    ticket = Ticket(TaskRequest("1"), "t", Consumer())
+    first = ticket.holder("coalesce", ids)
+    assert ticket.holder("coalesce", ids) == first  # one per delivery: asked again as itself
+
+
+def test_a_buckets_tag_is_the_digest_its_stored_keys_already_have() -> None:
+    """Keys in users' stores are named by this digest: it must not change."""
+    assert bucket_tag("tasks.add", "") == "{cfabf2d073a9e8e046fe}"
+    digest = hashlib.sha1(b"tasks.add\0user:7", usedforsecurity=False).hexdigest()[:20]
+    assert bucket_tag("tasks.add", "user:7") == f"{{{digest}}}"

@@ -17,6 +17,7 @@ from redis.exceptions import TimeoutError as StoreTimeout
 import celery_extras
 from celery_extras import ExponentialBackoff, PolicyError, compat, concurrency, limit, retry_policy
 from celery_extras.admission.decorators import _STRATEGY
+from celery_extras.admission.gate import HolderIds
 from celery_extras.admission.pipeline import Pipeline
 from celery_extras.admission.registry import TaskPolicies, policies_of
 from celery_extras.concurrency.gate import SlotGate
@@ -370,7 +371,7 @@ def test_a_slot_the_store_may_hold_for_nobody_is_freed_once_it_answers() -> None
     app = make_app("unit-settle")
     health = store_user(app, logging.getLogger("t"), "concurrency slots", "-", clock)
     redis = LosingSlots()
-    slots = StoreSlots(lambda: redis, health, "w", clock)  # type: ignore[arg-type,return-value]
+    slots = StoreSlots(lambda: redis, health, HolderIds(), clock)  # type: ignore[arg-type,return-value]
     b = ("t", "")
 
     redis.losing = True
