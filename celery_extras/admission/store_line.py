@@ -29,12 +29,12 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as StoreTimeout
 
 from ..scripts import StoreScript
+from .store_round import NO_REPLY
 
 try:  # a write's commands packed in C, without redis-py's per-argument checks
     from hiredis import pack_command as _pack_command
 except ImportError:  # hiredis before 2.1: redis-py packs them
     _pack_command = None  # type: ignore[assignment]
-from .store_round import NO_REPLY
 
 __all__ = ["StoreLine"]
 

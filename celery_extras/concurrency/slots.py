@@ -105,7 +105,6 @@ class StoreSlots:
         self._store: RedisSlots | None = None
         self.health = health
         self.holders = holders
-        self.worker = holders.worker
         self.clock = clock
         #: buckets where this worker has a ticket, and when it was last made alive
         self.tickets: dict[Bucket, float] = {}
@@ -113,6 +112,11 @@ class StoreSlots:
         #: whose reply was lost, a release that failed), until when their lease keeps them
         #: (see :meth:`settle`)
         self.unsure: dict[tuple[Bucket, str], float] = {}
+
+    @property
+    def worker(self) -> str:
+        """This worker's id in the store (its tickets, its holders' prefix)."""
+        return self.holders.worker
 
     @property
     def store(self) -> RedisSlots:
