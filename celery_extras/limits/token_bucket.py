@@ -55,7 +55,7 @@ class TokenBucket:
             self.burst = int(burst)
         self.rate = float(rate)
         self.interval = 1.0 / self.rate
-        self._interval_ns = max(1, round(_NS / self.rate))
+        self._interval_ns = max(1, math.ceil(_NS / self.rate))  # never faster than the rate
 
     @property
     def tolerance(self) -> float:

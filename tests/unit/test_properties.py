@@ -101,3 +101,13 @@ def test_reserved_slots_never_exceed_burst_plus_rate_times_elapsed(
         slots.append(clock.now + wait)
     assert all(b >= a - 1e-9 for a, b in itertools.pairwise(slots))  # handed out in order
     assert_within_burst_plus_rate(slots, rate, burst)
+
+
+def test_a_bucket_whose_interval_is_not_whole_nanoseconds_is_never_faster_than_its_rate() -> None:
+    """Hypothesis' counterexample (CI, 2026-11-27): 1/683.8984375 s is 1,462,205.4 ns, and an
+    interval rounded down to 1,462,205 ns handed five slots out within 4 tokens' time less
+    1.7 ns; rounded up, like the store's bucket, it never runs ahead of its rate."""
+    clock = FakeClock(1000.0)
+    bucket = TokenBucket(683.8984375, 1, clock=clock)
+    slots = [clock.now + bucket.reserve() for _ in range(5)]
+    assert_within_burst_plus_rate(slots, 683.8984375, 1)
