@@ -61,7 +61,7 @@ class RedisDebounce:
         """What message *mid*, sent at *sent* (epoch seconds), does (see
         :meth:`.table.DebounceTable.ask`)."""
         longest = "" if max_wait is None else _ms(max_wait)
-        reply = self._call(bucket, "ask", mid, holder, int(sent * 1000), _ms(wait), longest,
+        reply = self._call(bucket, "ask", mid, holder, round(sent * 1_000_000), _ms(wait), longest,
                            _ms(lease), retries, *bucket, context)  # fmt: skip
         due = int(reply[2]) / 1000 if len(reply) > 2 else 0.0
         ended = len(reply) > 3 and int(reply[3]) == 1

@@ -1,15 +1,16 @@
 -- Follows now_ms.lua and key_holds.lua. The rules of celery_extras/debounce/table.py, for one key.
--- KEYS[1]: the key's hash: run (JSON {id, h (holder), u (lease end ms), s (sent ms),
--- r (retries)}), next (the last message of the burst waiting: JSON {id, h, u, s, f (its
--- burst's first arrival ms), d (due ms), e (its delay-store entry, when parked)}), last
--- (the last run that ended: JSON {id, s, u (remembered until)}), o (orphans, JSON list),
--- b:<id> (the id covering <id>; kept after that run ended for an id unconfirmed), n (task),
--- k (key). The ids a run (or the next message) covers are the list
+-- KEYS[1]: the key's hash: run (JSON {id, h (holder), u (lease end ms), s (sent ms), q (the
+-- microseconds of s: cjson keeps 14 digits, two messages of a burst are often sent in one
+-- ms), r (retries)}), next (the last message of the burst waiting: JSON {id, h, u, s, q, f
+-- (its burst's first arrival ms), d (due ms), e (its delay-store entry, when parked)}),
+-- last (the last run that ended: JSON {id, s, q, u (remembered until)}), o (orphans, JSON
+-- list), b:<id> (the id covering <id>; kept after that run ended for an id unconfirmed), n
+-- (task), k (key). The ids a run (or the next message) covers are the list
 -- KEYS[1]..':c:'..<id> (same hash tag); a covered id is confirmed (its holder was told, and
 -- acked it) once field <id> of the hash KEYS[1]..':x' holds its ending context (JSON text,
 -- '' for none), until the run covering it ends or is dropped.
 -- ARGV[1] is the operation, ARGV[2] the message id, ARGV[3] the holder:
---   ask     ARGV 4: sent ms, 5: wait ms, 6: max_wait ms ('' for none), 7: lease ms,
+--   ask     ARGV 4: sent us, 5: wait ms, 6: max_wait ms ('' for none), 7: lease ms,
 --           8: retries, 9: task, 10: key, 11: the message's ending context (kept when it
 --           is covered)
 --           -> {'run'|'wait'|'covered', covering id, ms until it should ask again (wait),
@@ -25,7 +26,9 @@
 -- Each write sets the keys' TTL to the longest hold + a day (orphans, and the last run,
 -- are remembered that long).
 
-local function hold(field) return held(field, {'s', 'r', 'f', 'd'}) end
+local function hold(field) return held(field, {'s', 'q', 'r', 'f', 'd'}) end
+-- When a hold's message was sent, in microseconds (exact in a double until the year 2255).
+local function sent_us(v) return v.s * 1000 + v.q end
 local function orphan(id)
   local ids = release(id)
   table.insert(ids, id)
@@ -75,7 +78,7 @@ local function save(longest)
 end
 
 local function start(lease, retries)
-  run = {id = nxt.id, h = holder, u = now + lease, s = nxt.s, r = retries}
+  run = {id = nxt.id, h = holder, u = now + lease, s = nxt.s, q = nxt.q, r = retries}
   local all = orphans
   orphans = {}
   for _, o in ipairs(all) do
@@ -113,12 +116,12 @@ if op == 'ask' then
   elseif nxt and nxt.id == mid then
     nxt.h, nxt.u, nxt.e = holder, now + lease, nil
     if now >= nxt.d and not run then reply = start(lease, retries) else reply = waits() end
-  elseif run and sent <= run.s then  -- of the burst running, delivered late
+  elseif run and sent <= sent_us(run) then  -- of the burst running, delivered late
     cover(run.id, mid)
     reply = {'covered', run.id}
-  elseif last and sent <= last.s then  -- of a burst that ran
+  elseif last and sent <= sent_us(last) then  -- of a burst that ran
     reply = {'covered', last.id, 0, 1}
-  elseif nxt and (orphaned(mid) or sent < nxt.s) then  -- delivered again, or older
+  elseif nxt and (orphaned(mid) or sent < sent_us(nxt)) then  -- delivered again, or older
     cover(nxt.id, mid)
     reply = {'covered', nxt.id}
   else
@@ -132,7 +135,8 @@ if op == 'ask' then
       table.insert(moved, nxt.id)
       for _, one in ipairs(moved) do cover(mid, one) end
     end
-    nxt = {id = mid, h = holder, u = now + lease, s = sent, f = first, d = due}
+    nxt = {id = mid, h = holder, u = now + lease, s = math.floor(sent / 1000), q = sent % 1000,
+           f = first, d = due}
     if now >= due and not run then reply = start(lease, retries) else reply = waits() end
   end
   local context = ARGV[11] or ''
@@ -161,7 +165,7 @@ elseif op == 'finish' then
       table.insert(contexts, '')
     end
   end
-  redis.call('HSET', h, 'last', cjson.encode({id = run.id, s = run.s, u = now + DAY}))
+  redis.call('HSET', h, 'last', cjson.encode({id = run.id, s = run.s, q = run.q, u = now + DAY}))
   run = nil
   save(0)
   local due = nxt and nxt.d <= now

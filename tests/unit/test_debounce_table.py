@@ -8,6 +8,7 @@ the Redis form lets them pass for real.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -278,6 +279,21 @@ def the_last_message_is_the_last_sent_not_the_last_to_arrive(h: Harness) -> None
     assert h.endings("m1", "B") == {"m0": "{m0}"}
 
 
+def the_last_sent_wins_by_a_fraction_of_a_millisecond(h: Harness) -> None:
+    """Messages sent 0.3 ms apart (a chord's header, one producer) are ordered by their
+    stamps, not by the millisecond they share; so is one sent just after a run's message."""
+    t = math.floor(h.now() * 1000) / 1000 + 0.0004  # three stamps in one millisecond
+    assert h.ask("m1", "B", sent=t) == WAITS
+    assert h.ask("m0", "A", sent=t - 0.0003, context="{m0}") == covered("m1")
+    h.advance(WAIT + 0.01)
+    assert h.ask("m1", "B") == RUN
+    assert h.ask("m2", "A", sent=t + 0.0003) == WAITS  # after m1: the next burst
+    assert h.finish("m1", "B") == ["m0"]
+    h.advance(WAIT + 0.01)
+    assert h.ask("m2", "A") == RUN
+    assert h.finish("m2", "A") == []
+
+
 def a_message_of_a_burst_delivered_during_or_after_its_run_is_covered_by_it(h: Harness) -> None:
     t = h.now()
     assert h.ask("r", "A", wait=0.05, sent=t) == WAITS
@@ -310,6 +326,7 @@ SCENARIOS = [
     an_orphan_delivered_again_is_covered_by_the_burst_waiting,
     renewal_reports_holds_that_ran_out,
     the_last_message_is_the_last_sent_not_the_last_to_arrive,
+    the_last_sent_wins_by_a_fraction_of_a_millisecond,
     a_message_of_a_burst_delivered_during_or_after_its_run_is_covered_by_it,
 ]
 
