@@ -10,12 +10,15 @@ alternating pairs of drains of :data:`BACKLOG` queued tasks, each worker drainin
 of each side and their ratio, and per admitted task the store's script calls (each one
 round trip: every store call of a gate is a script, but the rounds the worker's admission
 line wrote together, counted by the worker) and the Redis server's CPU time, the store's
-own background (timers, threads) measured while idle and taken off; and the CPU time
-each worker's main process used over its drain, per task.
+own background (timers, threads) measured while idle and taken off; the CPU time each
+worker's main process used over its drain, per task; and the whole machine's (every
+process, the kernel's too: ``/proc/stat``), which bounds the ratio once the drains keep
+every core busy: a side that costs the machine more CPU per task drains slower by as much.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -25,7 +28,7 @@ import redis
 
 from tests.support.brokers import PrivateRedis, require_broker
 
-from .runs import cpu_seconds
+from .runs import cpu_seconds, machine_cpu_seconds
 from .stats import Drainer
 from .table import Row
 
@@ -84,6 +87,9 @@ class GateFigures:
     #: the worker main process's CPU per task (us), each side: the bottleneck of a worker
     main_plain: list[float] = field(default_factory=list)
     main_extras: list[float] = field(default_factory=list)
+    #: the whole machine's CPU per task (us), each side: every process, the store's too
+    box_plain: list[float] = field(default_factory=list)
+    box_extras: list[float] = field(default_factory=list)
 
     @property
     def target(self) -> str:
@@ -126,15 +132,17 @@ def run(broker_name: str = "redis", rounds: int = ROUNDS) -> list[GateFigures]:
             extras.start(warm=tuple(one.task for one in figures))
             for _ in range(rounds):
                 for one in figures:
-                    used = cpu_seconds(plain.worker.pid)
+                    used, box = cpu_seconds(plain.worker.pid), machine_cpu_seconds()
                     one.plain.append(BACKLOG / plain.drain(BACKLOG, extras.worker, PLAIN))
                     one.main_plain.append(_per_task(cpu_seconds(plain.worker.pid) - used))
+                    one.box_plain.append(_per_task(machine_cpu_seconds() - box))
                     per_s, usec_per_s = _background(store)
                     calls, usec = store.totals()
                     batched = _batched(extras)
-                    used = cpu_seconds(extras.worker.pid)
+                    used, box = cpu_seconds(extras.worker.pid), machine_cpu_seconds()
                     seconds = extras.drain(BACKLOG, plain.worker, one.task)
                     one.main_extras.append(_per_task(cpu_seconds(extras.worker.pid) - used))
+                    one.box_extras.append(_per_task(machine_cpu_seconds() - box))
                     calls2, usec2 = store.totals()
                     batched = _batched(extras) - batched
                     one.extras.append(BACKLOG / seconds)
@@ -156,7 +164,8 @@ def rows(figures: list[GateFigures], broker_name: str = "redis") -> list[Row]:
             "tasks/s", max(one.plain), max(one.extras), one.target, one.met(), runs=len(one.plain),
             note=f"store per task: {trips:.2f} round trips, {usec:.0f} us of Redis CPU; the "
                  f"worker's main process: {min(one.main_extras):.0f} us of CPU per task (plain "
-                 f"{min(one.main_plain):.0f})",
+                 f"{min(one.main_plain):.0f}); the machine: {min(one.box_extras):.0f} us (plain "
+                 f"{min(one.box_plain):.0f})",
         ))  # fmt: skip
     every = figures[-1]
     usec, trips = min(every.usec), min(every.trips)
@@ -171,6 +180,13 @@ def rows(figures: list[GateFigures], broker_name: str = "redis") -> list[Row]:
         f"Redis CPU per admitted task, {every.label}, {broker_name}", "us", None, usec, "-", True,
         runs=len(every.usec),
         note=f"one Redis core: ~{1e6 / usec:,.0f} admissions/s" if usec > 0 else "",
+    ))  # fmt: skip
+    plain, extras = min(every.box_plain), min(every.box_extras)
+    out.append(Row(
+        f"the machine's CPU per task, {every.label}, {broker_name}", "us", plain, extras, "-",
+        True, runs=len(every.box_extras),
+        note=f"{os.cpu_count()} cores, every process (workers, pool, broker, store, kernel): "
+             f"with every core busy, extras drains at most {plain / extras:.2f}x plain's rate",
     ))  # fmt: skip
     return out
 

@@ -22,7 +22,15 @@ from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.journal import Journal
 from tests.support.workers import WorkerProcess
 
-__all__ = ["Cluster", "RssSampler", "Run", "cpu_seconds", "rss_kb", "send_each"]
+__all__ = [
+    "Cluster",
+    "RssSampler",
+    "Run",
+    "cpu_seconds",
+    "machine_cpu_seconds",
+    "rss_kb",
+    "send_each",
+]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -44,6 +52,14 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time every core of the machine has spent busy so far (``/proc/stat``: all but
+    idle and iowait), in seconds: every process, exited ones and the kernel's own work too."""
+    with open("/proc/stat") as stat:
+        fields = [int(one) for one in stat.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK
 
 
 def send_each(app: Celery, name: str, args: Iterable[tuple[Any, ...]], **options: Any) -> int:
