@@ -30,6 +30,13 @@ def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
+def _sent_ms(seconds: float) -> int:
+    """A send time in whole ms, rounded *up*: the store's clock keeps ms, and a message
+    sent in the millisecond a run started may have been sent after it (and must not be
+    covered by it: the run may have read what it changed); at worst a run too many."""
+    return -(-round(seconds * 1_000_000) // 1000)
+
+
 def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
@@ -56,7 +63,7 @@ class RedisHolds:
     def ask_call(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
                  keep: str, retries: int, context: str = "") -> StoreCall:  # fmt: skip
         """:meth:`ask`'s script call, as data: it passes when the message runs."""
-        return self._data(bucket, "ask", mid, holder, int(sent * 1000), _ms(lease), keep,
+        return self._data(bucket, "ask", mid, holder, _sent_ms(sent), _ms(lease), keep,
                           retries, *bucket, context, passes="reply[1] == 'run'")  # fmt: skip
 
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,

@@ -7,7 +7,7 @@
 -- that covered it until the run covering it ends or is dropped (a key written by an earlier
 -- release has none: its ids get their result only).
 -- ARGV[1] is the operation, ARGV[2] the message id, ARGV[3] the holder:
---   ask     ARGV 4: sent ms, 5: lease ms, 6: keep, 7: retries, 8: task, 9: key,
+--   ask     ARGV 4: sent ms (rounded up), 5: lease ms, 6: keep, 7: retries, 8: task, 9: key,
 --           10: the message's ending context (optional; kept when a run that has not
 --           ended covers it)
 --           -> {'run'|'wait'|'covered', covering id, ms until the run's lease ends (wait),

@@ -87,6 +87,20 @@ def sent_before_a_run_started_and_delivered_after_it_ended_is_covered(h: Harness
     assert h.finish("m2", "B") == []
 
 
+def sent_in_the_millisecond_a_run_started_but_after_it_is_not_covered(h: Harness) -> None:
+    """The store keeps milliseconds: a message sent 0.4 ms after its key's run started, in
+    the same millisecond, is not covered by it (the run may have read what it changed),
+    once it has ended nor while it runs."""
+    assert h.ask("r", "A") == RUN
+    sent = h.now() + 0.0004  # the clock is read after r started
+    assert h.finish("r", "A") == []
+    assert h.ask("m", "B", sent=sent) == RUN
+    assert h.ask("w", "A", sent=h.now() + 0.0004) == WAIT
+    assert h.finish("m", "B") == []
+    assert h.ask("w", "A") == RUN
+    assert h.finish("w", "A") == []
+
+
 def sent_during_a_run_gives_exactly_one_more(h: Harness) -> None:
     """10 messages sent while the key runs: the first waits, the other 9 are covered by
     it; it starts only when the run ends, and covers them then."""
@@ -270,6 +284,7 @@ SCENARIOS = [
     queued_before_any_run_runs_once,
     sent_before_a_run_started_and_delivered_after_it_ended_is_covered,
     sent_during_a_run_gives_exactly_one_more,
+    sent_in_the_millisecond_a_run_started_but_after_it_is_not_covered,
     keep_last_makes_the_newest_message_the_waiting_run,
     a_dead_runs_key_frees_after_its_lease_and_its_callers_pass_on,
     a_second_delivery_of_a_live_run_is_covered_but_a_retry_goes_on,
