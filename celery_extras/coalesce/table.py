@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..clock import wall
+from .key_table import KeyState, KeyTable
 
 __all__ = [
     "KEEP",
@@ -69,23 +70,9 @@ class CoalesceHold:
     entry: str = ""
 
 
-@dataclass
-class CoalesceKey:
-    run: CoalesceHold | None = None
-    wait: CoalesceHold | None = None
-    #: run (or waiting run) id -> the ids it covers
-    covered: dict[str, list[str]] = field(default_factory=dict)
-    #: covered id -> the id of the run covering it
-    by: dict[str, str] = field(default_factory=dict)
-    #: ids covered by a run that died: the next run covers them
-    orphans: list[str] = field(default_factory=list)
-    #: the last run that ended (its id and cutoff), and until when it is remembered
-    last: CoalesceHold | None = None
-    #: covered id -> its ending context (JSON text), until the run covering it ends
-    contexts: dict[str, str] = field(default_factory=dict)
-
-    def empty(self) -> bool:
-        return self.run is None and self.wait is None and not self.covered and not self.orphans
+class CoalesceKey(KeyState[CoalesceHold]):
+    """One key's run, waiting run (``waiting``), covered ids, orphans and last run (its id
+    and cutoff)."""
 
 
 @dataclass(frozen=True)
@@ -115,39 +102,16 @@ class CoalesceFinished:
 _RUN = CoalesceVerdict("run")
 
 
-class CoalesceTable:
+class CoalesceTable(KeyTable[CoalesceKey]):
     """The holds of every key, in one process (times on *clock*, in seconds)."""
 
     def __init__(self, clock: Callable[[], float] = wall) -> None:
-        self.clock = clock
-        self.keys: dict[Hashable, CoalesceKey] = {}
-
-    def _state(self, key: Hashable) -> CoalesceKey:
-        state = self.keys.setdefault(key, CoalesceKey())
-        now = self.clock()
-        if state.run is not None and state.run.until <= now:
-            self._orphan(state, state.run.id)  # its worker died: the next run covers its ids
-            state.run = None
-        if state.wait is not None and state.wait.until <= now:
-            self._orphan(state, state.wait.id)  # its message comes back from the broker
-            state.wait = None
-        if state.last is not None and state.last.until <= now:
-            state.last = None
-        return state
-
-    @staticmethod
-    def _release(state: CoalesceKey, run_id: str) -> list[str]:
-        """The ids *run_id* covers, forgotten here."""
-        covered = state.covered.pop(run_id, [])
-        for one in covered:
-            state.by.pop(one, None)
-        return covered
+        super().__init__(CoalesceKey, clock)
 
     def _orphan(self, state: CoalesceKey, run_id: str) -> None:
-        for covered in [*self._release(state, run_id), run_id]:
-            state.by.pop(covered, None)
-            if covered not in state.orphans:
-                state.orphans.append(covered)
+        """As the base's; the hold's own id is covered by nothing any more either."""
+        state.by.pop(run_id, None)
+        super()._orphan(state, run_id)
 
     @staticmethod
     def _cover(state: CoalesceKey, run_id: str, covered: str) -> CoalesceVerdict:
@@ -181,7 +145,7 @@ class CoalesceTable:
 
     def _decide(self, state: CoalesceKey, mid: str, sent: float, holder: str, lease: float,
                 keep: str, retries: int) -> CoalesceVerdict:  # fmt: skip
-        run, wait = state.run, state.wait
+        run, wait = state.run, state.waiting
         now = self.clock()
         if run is not None and run.id == mid:
             if run.holder in ("", holder) or retries > run.retries:
@@ -192,7 +156,7 @@ class CoalesceTable:
             return CoalesceVerdict("covered", state.by[mid])
         if wait is not None and wait.id == mid:
             if run is None:  # the run ended: the waiting run starts, with what it covers
-                state.wait = None
+                state.waiting = None
                 return self._start(state, mid, holder, lease, retries)
             wait.holder, wait.until, wait.entry = holder, now + lease, ""
             return CoalesceVerdict("wait", due=run.until - now)
@@ -206,13 +170,13 @@ class CoalesceTable:
             # keep="last": this message is the waiting run now, and covers the one it replaces
             moved = [*self._release(state, wait.id), wait.id]
             state.by.pop(wait.id, None)
-            state.wait = CoalesceHold(mid, holder, now + lease)
+            state.waiting = CoalesceHold(mid, holder, now + lease)
             for covered in moved:
                 self._cover(state, mid, covered)
             return CoalesceVerdict("wait", due=run.until - now)
         if run is None:
             return self._start(state, mid, holder, lease, retries)
-        state.wait = CoalesceHold(mid, holder, now + lease)
+        state.waiting = CoalesceHold(mid, holder, now + lease)
         return CoalesceVerdict("wait", due=run.until - now)
 
     def finish(self, key: Hashable, mid: str, holder: str) -> CoalesceFinished | None:
@@ -226,7 +190,7 @@ class CoalesceTable:
         state.run = None
         state.last = CoalesceHold(mid, holder, self.clock() + REMEMBER, cutoff=run.cutoff)
         covered = self._release(state, mid)
-        parked = state.wait.entry if state.wait is not None else ""
+        parked = state.waiting.entry if state.waiting is not None else ""
         contexts = self._take_contexts(state, covered)
         self._drop_if_empty(key, state)
         return CoalesceFinished(covered, parked, contexts)
@@ -235,40 +199,23 @@ class CoalesceTable:
     def _take_contexts(state: CoalesceKey, ids: list[str]) -> dict[str, str]:
         return {one: state.contexts.pop(one) for one in ids if one in state.contexts}
 
-    def step_aside(
-        self, key: Hashable, mid: str, holder: str, seconds: float, lease: float
-    ) -> bool:
-        """Run *mid* goes on elsewhere (a retry, a park, a lost connection): its hold lasts
-        *seconds* + *lease* for whichever worker receives *mid* next. ``False`` if lost."""
-        state = self._state(key)
-        run = state.run
-        if run is None or run.id != mid or run.holder != holder:
-            return False
-        run.holder, run.until = "", self.clock() + seconds + lease
-        return True
-
     def park_wait(self, key: Hashable, mid: str, holder: str, entry: str, seconds: float,
                   lease: float) -> bool:  # fmt: skip
         """The waiting run *mid* was parked in the delay store as *entry*, due in *seconds*:
         its hold lasts *seconds* + *lease* for whichever worker receives it. ``False`` if
         it was no longer *holder*'s."""
-        state = self._state(key)
-        wait = state.wait
-        if wait is None or wait.id != mid or wait.holder != holder:
-            return False
-        wait.holder, wait.until, wait.entry = "", self.clock() + seconds + lease, entry
-        return True
+        return self._park(key, mid, holder, entry, seconds, lease)
 
     def drop(self, key: Hashable, mid: str) -> CoalesceFinished | None:
         """Celery discarded message *mid* (revoked, expired) before it ran: if it was the
         key's waiting run, or its run between attempts, it is no more; the ids it covered
         and their contexts (to end as it did), or ``None`` when it held nothing."""
         state = self._state(key)
-        for hold in (state.wait, state.run):
-            if hold is not None and hold.id == mid and (hold is state.wait or not hold.holder):
+        for hold in (state.waiting, state.run):
+            if hold is not None and hold.id == mid and (hold is state.waiting or not hold.holder):
                 covered = self._release(state, mid)
-                if hold is state.wait:
-                    state.wait = None
+                if hold is state.waiting:
+                    state.waiting = None
                 else:
                     state.run = None
                 contexts = self._take_contexts(state, covered)
@@ -279,23 +226,7 @@ class CoalesceTable:
     def forget(self, key: Hashable, mid: str, holder: str) -> None:
         """The waiting run *mid* was dropped by *holder* (the broker delivers it again)."""
         state = self._state(key)
-        if state.wait is not None and state.wait.id == mid and state.wait.holder == holder:
+        if state.waiting is not None and state.waiting.id == mid and state.waiting.holder == holder:
             self._orphan(state, mid)
-            state.wait = None
+            state.waiting = None
         self._drop_if_empty(key, state)
-
-    def renew(self, key: Hashable, ids: list[str], holder: str, lease: float) -> list[str]:
-        """Extend *holder*'s holds among *ids*; the ids whose hold had run out."""
-        state = self._state(key)
-        lost = []
-        for mid in ids:
-            hold = next((h for h in (state.run, state.wait) if h is not None and h.id == mid), None)
-            if hold is None or hold.holder != holder:
-                lost.append(mid)
-            else:
-                hold.until = self.clock() + lease
-        return lost
-
-    def _drop_if_empty(self, key: Hashable, state: CoalesceKey) -> None:
-        if state.empty() and state.last is None:
-            self.keys.pop(key, None)

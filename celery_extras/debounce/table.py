@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..clock import wall
+from ..coalesce.key_table import KeyState, KeyTable
 
 __all__ = [
     "REMEMBER",
@@ -78,25 +79,13 @@ class DebounceHold:
     entry: str = ""
 
 
-@dataclass
-class DebounceKey:
-    run: DebounceHold | None = None
-    next: DebounceHold | None = None
-    #: run (or *next*) id -> the ids it covers
-    covered: dict[str, list[str]] = field(default_factory=dict)
-    #: covered id -> the id covering it (kept after that run ended for an id unconfirmed)
-    by: dict[str, str] = field(default_factory=dict)
-    #: ids covered by a run (or a *next*) that died: the next run covers them
-    orphans: list[str] = field(default_factory=list)
-    #: confirmed covered id -> its ending context (JSON text, ``""`` for none), until the
-    #: run covering it ends
-    contexts: dict[str, str] = field(default_factory=dict)
-    #: the last run that ended (its id and send time), and until when it is remembered
-    last: DebounceHold | None = None
+class DebounceKey(KeyState[DebounceHold]):
+    """One key's run, *next* message (``waiting``), covered ids (``by`` kept after a run
+    ended for an id unconfirmed), orphans, confirmed ids' ending contexts (``""`` for none)
+    and last run (its id and send time)."""
 
     def empty(self) -> bool:
-        return (self.run is None and self.next is None and not self.covered
-                and not self.orphans and not self.by)  # fmt: skip
+        return super().empty() and not self.by
 
 
 @dataclass(frozen=True)
@@ -131,38 +120,11 @@ def due_of(now: float, first: float, wait: float, max_wait: float | None) -> flo
     return due if max_wait is None else min(due, first + max_wait)
 
 
-class DebounceTable:
+class DebounceTable(KeyTable[DebounceKey]):
     """The bursts and runs of every key, in one process (times on *clock*, in seconds)."""
 
     def __init__(self, clock: Callable[[], float] = wall) -> None:
-        self.clock = clock
-        self.keys: dict[Hashable, DebounceKey] = {}
-
-    def _state(self, key: Hashable) -> DebounceKey:
-        state = self.keys.setdefault(key, DebounceKey())
-        now = self.clock()
-        if state.run is not None and state.run.until <= now:
-            self._orphan(state, state.run.id)  # its worker died: the next run covers its ids
-            state.run = None
-        if state.next is not None and state.next.until <= now:
-            self._orphan(state, state.next.id)  # its message comes back from the broker
-            state.next = None
-        if state.last is not None and state.last.until <= now:
-            state.last = None
-        return state
-
-    @staticmethod
-    def _release(state: DebounceKey, run_id: str) -> list[str]:
-        """The ids *run_id* covers, forgotten here."""
-        covered = state.covered.pop(run_id, [])
-        for one in covered:
-            state.by.pop(one, None)
-        return covered
-
-    def _orphan(self, state: DebounceKey, run_id: str) -> None:
-        for one in [*self._release(state, run_id), run_id]:
-            if one not in state.orphans:
-                state.orphans.append(one)
+        super().__init__(DebounceKey, clock)
 
     @staticmethod
     def _cover(state: DebounceKey, run_id: str, covered: str) -> None:
@@ -175,7 +137,7 @@ class DebounceTable:
     def _start(self, state: DebounceKey, nxt: DebounceHold, holder: str, lease: float,
                retries: int) -> DebounceVerdict:  # fmt: skip
         state.run = DebounceHold(nxt.id, holder, self.clock() + lease, nxt.sent, retries=retries)
-        state.next = None
+        state.waiting = None
         for orphan in list(state.orphans):
             if orphan != nxt.id:
                 self._cover(state, nxt.id, orphan)
@@ -205,7 +167,7 @@ class DebounceTable:
 
     def _decide(self, state: DebounceKey, mid: str, sent: float, holder: str, wait: float,
                 max_wait: float | None, lease: float, retries: int) -> DebounceVerdict:  # fmt: skip
-        run, nxt = state.run, state.next
+        run, nxt = state.run, state.waiting
         now = self.clock()
         if run is not None and run.id == mid:
             if run.holder in ("", holder) or retries > run.retries:
@@ -240,7 +202,7 @@ class DebounceTable:
             moved = [*self._release(state, nxt.id), nxt.id]  # covered, are covered by this one
             for one in moved:
                 self._cover(state, mid, one)
-        state.next = new
+        state.waiting = new
         if now >= new.due and run is None:  # max_wait has passed: it runs now
             return self._start(state, new, holder, lease, retries)
         return self._waits(state, new)
@@ -264,34 +226,17 @@ class DebounceTable:
                 text = state.contexts.pop(one)
                 if text:
                     contexts[one] = text
-        nxt = state.next
+        nxt = state.waiting
         parked = nxt.entry if nxt is not None and nxt.due <= self.clock() else ""
         self._drop_if_empty(key, state)
         return DebounceFinished(covered, contexts, parked)
-
-    def step_aside(
-        self, key: Hashable, mid: str, holder: str, seconds: float, lease: float
-    ) -> bool:
-        """Run *mid* goes on elsewhere (a retry, a park, a lost connection): its hold lasts
-        *seconds* + *lease* for whichever worker receives *mid* next. ``False`` if lost."""
-        state = self._state(key)
-        run = state.run
-        if run is None or run.id != mid or run.holder != holder:
-            return False
-        run.holder, run.until = "", self.clock() + seconds + lease
-        return True
 
     def park_next(self, key: Hashable, mid: str, holder: str, entry: str, seconds: float,
                   lease: float) -> bool:  # fmt: skip
         """The *next* message *mid* was parked in the delay store as *entry*, due in
         *seconds*: its hold lasts *seconds* + *lease* for whichever worker receives it.
         ``False`` if it was no longer *holder*'s."""
-        state = self._state(key)
-        nxt = state.next
-        if nxt is None or nxt.id != mid or nxt.holder != holder:
-            return False
-        nxt.holder, nxt.until, nxt.entry = "", self.clock() + seconds + lease, entry
-        return True
+        return self._park(key, mid, holder, entry, seconds, lease)
 
     def drop(self, key: Hashable, mid: str) -> DebounceFinished | None:
         """Celery discarded message *mid* (revoked, expired) before it ran: were it the
@@ -299,7 +244,7 @@ class DebounceTable:
         were confirmed, with their contexts (to end as it did), or ``None``. Its unconfirmed
         ids are covered no more: each asks as a new message when it asks again."""
         state = self._state(key)
-        for hold in (state.next, state.run):
+        for hold in (state.waiting, state.run):
             if hold is None or hold.id != mid or (hold is state.run and hold.holder):
                 continue
             confirmed, contexts = [], {}
@@ -309,14 +254,14 @@ class DebounceTable:
                     text = state.contexts.pop(one)
                     if text:
                         contexts[one] = text
-            if hold is state.next:
-                state.next = None
+            if hold is state.waiting:
+                state.waiting = None
             else:
                 state.run = None
             self._drop_if_empty(key, state)
             return DebounceFinished(confirmed, contexts)
         by = state.by.get(mid)
-        live = [h.id for h in (state.run, state.next) if h is not None]
+        live = [h.id for h in (state.run, state.waiting) if h is not None]
         if by is not None and by not in live:
             del state.by[mid]  # covered by a run that ended: never to be delivered again
         self._drop_if_empty(key, state)
@@ -326,23 +271,6 @@ class DebounceTable:
         """The *next* message *mid* was dropped by *holder* (the broker delivers it again):
         its burst waits for it, until its lease ends."""
         state = self._state(key)
-        if state.next is not None and state.next.id == mid and state.next.holder == holder:
-            state.next.holder = ""
+        if state.waiting is not None and state.waiting.id == mid and state.waiting.holder == holder:
+            state.waiting.holder = ""
         self._drop_if_empty(key, state)
-
-    def renew(self, key: Hashable, ids: list[str], holder: str, lease: float) -> list[str]:
-        """Extend *holder*'s holds among *ids*; the ids whose hold had run out."""
-        state = self._state(key)
-        lost = []
-        for mid in ids:
-            hold = next((h for h in (state.run, state.next) if h is not None and h.id == mid),
-                        None)  # fmt: skip
-            if hold is None or hold.holder != holder:
-                lost.append(mid)
-            else:
-                hold.until = self.clock() + lease
-        return lost
-
-    def _drop_if_empty(self, key: Hashable, state: DebounceKey) -> None:
-        if state.empty() and state.last is None:
-            self.keys.pop(key, None)

@@ -153,7 +153,7 @@ class Debounced:
 def idle(d: Debounced) -> bool:
     """Nothing held or covered in the gate's table (each key remembers its last run)."""
     states = d.gate.holds.local.keys.values()
-    return all(s.run is None and s.next is None and s.empty() for s in states)
+    return all(s.run is None and s.waiting is None and s.empty() for s in states)
 
 
 def local_app() -> Celery:
@@ -219,7 +219,7 @@ def test_the_waiting_messages_are_dropped_at_stop_and_their_burst_waits_for_them
     d.pipeline.stop()
     assert d.gate.queued() == 0 and request.acked == 0  # the broker delivers it again
     (state,) = d.gate.holds.local.keys.values()
-    assert state.next is not None and (state.next.id, state.next.holder) == ("r1", "")
+    assert state.waiting is not None and (state.waiting.id, state.waiting.holder) == ("r1", "")
     d.pipeline.start(d.consumer)
     again = Request("a", 1)  # the same message, delivered again
     d.submit(again)

@@ -23,7 +23,8 @@ POLICY_PACKAGES = sorted(p.parent.name for p in PACKAGE.glob("*/policy.py")
 #: package besides each other.
 PURE = (
     "limits/token_bucket.py", "limits/rate.py", "limits/all_of.py", "limits/local_buckets.py",
-    "concurrency/slot_table.py", "coalesce/table.py", "batch/table.py", "batch/call.py",
+    "concurrency/slot_table.py", "coalesce/key_table.py", "coalesce/table.py",
+    "debounce/table.py", "batch/table.py", "batch/call.py",
     "retries/policies.py", "retries/failure_memory.py", "stats/timewheel.py",
     "stats/histogram.py", "consumer/weighted_cycle.py", "sync/state.py", "sync/entries.py",
     "sync/digest.py", "delay/entry.py", "threads.py",
