@@ -11,23 +11,19 @@ one channel, so the worker holding the waiting run starts it at once. No Celery 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from typing import Any, cast
 
-from ..admission.notices import Bucket, bucket_tag, notice
+from ..admission.notices import Bucket, notice
 from ..admission.store_round import ALWAYS, StoreCall, answered
-from ..scripts import NOW, load, register
+from ..scripts import NOW, load
+from .redis_key_holds import RedisKeyHolds, ms, text
 from .table import CoalesceFinished, CoalesceVerdict
 
 __all__ = ["SCRIPT", "RedisHolds"]
 
 #: The one script of every operation (``scripts/coalesce.lua``), after the server's time.
 SCRIPT = NOW + load("key_holds") + load("coalesce")
-
-
-def _ms(seconds: float) -> int:
-    return max(1, math.ceil(seconds * 1000))
 
 
 def _sent_ms(seconds: float) -> int:
@@ -37,25 +33,11 @@ def _sent_ms(seconds: float) -> int:
     return -(-round(seconds * 1_000_000) // 1000)
 
 
-def _text(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
-class RedisHolds:
+class RedisHolds(RedisKeyHolds):
     """The coalescing holds of every key under *prefix* in *client*'s Redis (or Cluster)."""
 
     def __init__(self, client: Any, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
-        self.channel = f"{prefix}:coalesce:ended"
-        self._script = register(client, SCRIPT)
-
-    def hash_key(self, name: str, key: str) -> str:
-        """The hash of ``(name, key)``, under a hash tag of its own."""
-        return f"{self.prefix}:coalesce:{bucket_tag(name, key)}"
-
-    def _call(self, bucket: Bucket, *args: Any) -> Any:
-        return self._data(bucket, *args)()
+        super().__init__(client, prefix, "coalesce", SCRIPT)
 
     def _data(self, bucket: Bucket, *args: Any, passes: str = ALWAYS) -> StoreCall:
         return StoreCall(self._script, (self.hash_key(*bucket),), args, passes)
@@ -63,7 +45,7 @@ class RedisHolds:
     def ask_call(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
                  keep: str, retries: int, context: str = "") -> StoreCall:  # fmt: skip
         """:meth:`ask`'s script call, as data: it passes when the message runs."""
-        return self._data(bucket, "ask", mid, holder, _sent_ms(sent), _ms(lease), keep,
+        return self._data(bucket, "ask", mid, holder, _sent_ms(sent), ms(lease), keep,
                           retries, *bucket, context, passes="reply[1] == 'run'")  # fmt: skip
 
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
@@ -79,7 +61,7 @@ class RedisHolds:
         reply = answered(reply)
         due = int(reply[2]) / 1000 if len(reply) > 2 else 0.0
         ended = len(reply) > 3 and int(reply[3]) == 1
-        return CoalesceVerdict(cast("Any", _text(reply[0])), _text(reply[1]), due, ended)
+        return CoalesceVerdict(cast("Any", text(reply[0])), text(reply[1]), due, ended)
 
     def finish_call(self, bucket: Bucket, mid: str, holder: str) -> StoreCall:
         """:meth:`finish`'s script call, as data."""
@@ -97,37 +79,21 @@ class RedisHolds:
             return None
         if int(reply[0]):
             self.client.publish(self.channel, notice(*bucket))
-        covered, contexts = _covered(reply[2:])
-        return CoalesceFinished(covered, _text(reply[1]), contexts)
-
-    def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
-                   lease: float) -> bool:  # fmt: skip
-        """Run *mid* goes on elsewhere: held *seconds* + *lease* for whoever receives it."""
-        return bool(self._call(bucket, "aside", mid, holder, _ms(seconds + lease)))
+        covered, contexts = self.covered(reply[2:])
+        return CoalesceFinished(covered, text(reply[1]), contexts)
 
     def park_wait(self, bucket: Bucket, mid: str, holder: str, entry: str, seconds: float,
                   lease: float) -> bool:  # fmt: skip
         """The waiting run *mid* was parked as *entry*, due in *seconds* (see the table's)."""
-        return bool(self._call(bucket, "parked", mid, holder, _ms(seconds + lease), entry))
+        return self._park(bucket, mid, holder, entry, seconds, lease)
 
     def drop(self, bucket: Bucket, mid: str) -> CoalesceFinished | None:
         """Celery discarded *mid* before it ran (see the table's): what it covered."""
         reply = self._call(bucket, "dropped", mid, "")
         if not reply:
             return None
-        covered, contexts = _covered(reply[1:])
+        covered, contexts = self.covered(reply[1:])
         return CoalesceFinished(covered, "", contexts)
-
-    def forget(self, bucket: Bucket, mid: str, holder: str) -> None:
-        """The waiting run *mid* was dropped by *holder* (the broker delivers it again)."""
-        self._call(bucket, "forget", mid, holder)
-
-    def renew(self, bucket: Bucket, ids: list[str], holder: str, lease: float) -> list[str]:
-        """Extend *holder*'s holds among *ids*; the ids whose hold had run out."""
-        lost = self._call(bucket, "renew", "", holder, _ms(lease), *ids)
-        return [_text(one) for one in lost]
-
-    # -- listing (``celery extras coalesce``) --------------------------------------------------
 
     def listing(self) -> Iterator[dict[str, Any]]:
         """Every key with a run, a waiting run or orphans: task, key, and its holds."""
@@ -135,7 +101,7 @@ class RedisHolds:
             fields = self.client.hgetall(raw_key)
             if not fields:
                 continue
-            state = {_text(k): _text(v) for k, v in fields.items()}
+            state = {text(k): text(v) for k, v in fields.items()}
             out: dict[str, Any] = {"task": state.get("n", "?"), "key": state.get("k", "?")}
             for hold in ("run", "wait"):
                 out[hold] = _parse(state.get(hold))
@@ -143,16 +109,6 @@ class RedisHolds:
             orphans = _parse(state.get("o"))
             out["orphans"] = len(orphans) if isinstance(orphans, list) else 0
             yield out
-
-
-def _covered(parts: list[Any]) -> tuple[list[str], dict[str, str]]:
-    """The covered ids and their contexts of a ``finish``/``dropped`` reply's tail
-    (``[ids, contexts]``; a flat list of ids from a script before contexts)."""
-    if len(parts) == 2 and all(isinstance(part, list) for part in parts):
-        ids = [_text(one) for one in parts[0]]
-        texts = [_text(one) if one else "" for one in parts[1]]
-        return ids, {one: text for one, text in zip(ids, texts, strict=False) if text}
-    return [_text(one) for one in parts], {}
 
 
 def _parse(raw: str | None) -> Any:
