@@ -38,6 +38,7 @@ from kombu.utils import json as kombu_json
 
 from .. import compat
 from ..signals import task_covered_ended
+from .gate import COVERED, Ticket
 
 __all__ = [
     "ATTEMPTS",
@@ -319,6 +320,8 @@ class CoveredEndings:
     def __init__(self, app: Celery) -> None:
         self.app = app
         self.counts = {"ended": 0, "gave_up": 0, "errors": 0}
+        #: messages ending here before their ack (covered by a run that had ended), by id
+        self.here: dict[int, Ticket] = {}
 
     def stores_results(self, name: str) -> bool:
         """Whether runs of task *name* store their outcome in the result backend."""
@@ -338,6 +341,26 @@ class CoveredEndings:
             return
         job = (consumer, name, run_id, list(covered), known, done, 1)
         consumer.timer.call_after(0.0, self._run, job, priority=6)
+
+    def end_here(self, consumer: Any, pipeline: Any, ticket: Ticket, by: str) -> None:
+        """End *ticket*'s message, covered by run *by* that has ended, with that run's
+        outcome, and only then have *pipeline* ack it (as covered): a worker dying meanwhile
+        has the broker deliver it again."""
+        self.here[id(ticket)] = ticket
+        message = CoveredMessage(ticket.request.id, context_of(ticket.request))
+
+        def ended() -> None:
+            if self.here.pop(id(ticket), None) is ticket:
+                pipeline.resume(ticket, COVERED)
+
+        self.schedule(consumer, ticket.name, by, [message], done=ended)
+
+    def forget_here(self) -> None:
+        """The connection is gone: the messages ending here are acked by nobody (the broker
+        delivers them again)."""
+        for ticket in self.here.values():
+            compat.forget_held(ticket.request)
+        self.here.clear()
 
     def _run(self, consumer: Any, name: str, run_id: str, covered: list[CoveredMessage],
              known: Outcome | None, done: Callable[[], None] | None,

@@ -37,7 +37,6 @@ from celery.signals import task_revoked
 from .. import compat
 from ..admission.covered import (
     CoveredEndings,
-    CoveredMessage,
     Outcome,
     context_of,
     encode_context,
@@ -126,8 +125,6 @@ class CoalesceGate(Gate):
         self.runs = RunHolds(self.holds)
         self.waiting: dict[Bucket, list[tuple[Ticket, CoalesceHolding]]] = {}
         self.endings = CoveredEndings(app)
-        #: covered messages ending here before their ack (covered by a run that ended)
-        self.ending: dict[int, Ticket] = {}
         self.notices = ReleaseNotices(self.wake, "coalescing")
         self.counts = {"runs": 0, "coalesced": 0, "waited": 0, "parked": 0, "unheld": 0}
         self._pipeline: Any = None
@@ -189,7 +186,7 @@ class CoalesceGate(Gate):
             self.counts["coalesced"] += 1
             task_coalesced.send(sender=ticket.name, request=ticket.request, by=verdict.by)
             if verdict.ended:  # by a run that has ended: it ends here, then is acked
-                self._end_here(ticket, verdict.by)
+                self.endings.end_here(self._consumer, self._pipeline, ticket, verdict.by)
                 return QUEUED
             return COVERED
         # ask again when the run's lease ends (its worker may have died), at the latest
@@ -212,7 +209,7 @@ class CoalesceGate(Gate):
                     continue
                 answer = self._answer(ticket, holding, verdict, queued=True)
                 if verdict.kind == "covered" and verdict.ended:
-                    self._unwait(one, ticket)  # ending here (see _end_here)
+                    self._unwait(one, ticket)  # ending here (CoveredEndings.end_here)
                 elif answer is not QUEUED:
                     self._unwait(one, ticket)
                     self._pipeline.resume(ticket, answer)
@@ -225,18 +222,6 @@ class CoalesceGate(Gate):
             self.waiting.pop(bucket, None)
 
     # -- endings -------------------------------------------------------------------------------
-
-    def _end_here(self, ticket: Ticket, by: str) -> None:
-        """End *ticket*'s message, covered by run *by* that has ended, with that run's
-        outcome; ack it only then (a worker dying meanwhile has the broker deliver it again)."""
-        self.ending[id(ticket)] = ticket
-        message = CoveredMessage(ticket.request.id, context_of(ticket.request))
-
-        def ended() -> None:
-            if self.ending.pop(id(ticket), None) is ticket:
-                self._pipeline.resume(ticket, COVERED)
-
-        self.endings.schedule(self._consumer, ticket.name, by, [message], done=ended)
 
     def _end_covered(self, name: str, by: str, done: CoalesceFinished, known: Outcome) -> None:
         """End the messages run *by* covered with its outcome (stored, else *known*)."""
@@ -310,9 +295,7 @@ class CoalesceGate(Gate):
                 compat.forget_held(ticket.request)
                 self.holds.forget(bucket, ticket.request.id, holding.holder)
         self.waiting.clear()
-        for ticket in self.ending.values():  # acked by nobody: the broker delivers it again
-            compat.forget_held(ticket.request)
-        self.ending.clear()
+        self.endings.forget_here()
         self.runs.drop_unadmitted(self._pipeline.admitted if self._pipeline is not None else {})
         self.notices.stop()
         task_revoked.disconnect(dispatch_uid=f"coalesce.{id(self)}")
@@ -330,7 +313,7 @@ class CoalesceGate(Gate):
         self._park_long_waits(now)
 
     def queued(self) -> int:
-        return sum(len(waits) for waits in self.waiting.values()) + len(self.ending)
+        return sum(len(waits) for waits in self.waiting.values()) + len(self.endings.here)
 
     def info(self) -> dict[str, Any]:
         tasks = {name: {**spec.describe(), "running": 0, "waiting": 0}

@@ -39,7 +39,7 @@ from celery import Celery
 from celery.signals import task_revoked
 
 from .. import compat
-from ..admission.covered import CoveredEndings, CoveredMessage, context_of, encode_context
+from ..admission.covered import CoveredEndings, context_of, encode_context
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, HolderIds, Ticket
 from ..admission.key_runs import (
     covered_messages,
@@ -99,8 +99,6 @@ class DebounceGate(Gate):
         self.holding: dict[int, tuple[Ticket, DebounceHolding]] = {}  # runs, by id(request)
         self.waiting = Waiting()
         self.endings = CoveredEndings(app)
-        #: covered messages ending here before their ack (covered by a run that ended)
-        self.ending: dict[int, Ticket] = {}
         self.notices = ReleaseNotices(self.wake, "debounce")
         self.counts = {"runs": 0, "debounced": 0, "waited": 0, "parked": 0, "unheld": 0,
                        "lost_holds": 0}  # fmt: skip
@@ -173,7 +171,7 @@ class DebounceGate(Gate):
             self.counts["debounced"] += 1
             task_debounced.send(sender=ticket.name, request=ticket.request, by=verdict.by)
             if verdict.ended:  # by a run that has ended: it ends here, then is acked
-                self._end_here(ticket, verdict.by)
+                self.endings.end_here(self._consumer, self._pipeline, ticket, verdict.by)
                 return QUEUED
             return COVERED
         # asked again once its wait ends: at the latest every ASK_AGAIN seconds (its renewal,
@@ -213,18 +211,6 @@ class DebounceGate(Gate):
                     self._pipeline.resume(ticket, answer)
 
     # -- endings -------------------------------------------------------------------------------
-
-    def _end_here(self, ticket: Ticket, by: str) -> None:
-        """End *ticket*'s message, covered by run *by* that has ended, with that run's
-        outcome; ack it only then (a worker dying meanwhile has the broker deliver it again)."""
-        self.ending[id(ticket)] = ticket
-        message = CoveredMessage(ticket.request.id, context_of(ticket.request))
-
-        def ended() -> None:
-            if self.ending.pop(id(ticket), None) is ticket:
-                self._pipeline.resume(ticket, COVERED)
-
-        self.endings.schedule(self._consumer, ticket.name, by, [message], done=ended)
 
     def finished(self, ticket: Ticket) -> None:
         """The run ended: free its key (or keep it for its retry), copy its outcome to what
@@ -287,9 +273,7 @@ class DebounceGate(Gate):
             compat.forget_held(ticket.request)
             mid, holder = ticket.request.id, holding.holder
             self.holds.call(lambda h: h.forget(bucket, mid, holder))  # noqa: B023
-        for ticket in self.ending.values():  # acked by nobody: the broker delivers it again
-            compat.forget_held(ticket.request)
-        self.ending.clear()
+        self.endings.forget_here()
         admitted = self._pipeline.admitted if self._pipeline is not None else {}
         for key, (ticket, holding) in list(self.holding.items()):
             if key not in admitted:
@@ -309,7 +293,7 @@ class DebounceGate(Gate):
         self._park_long_waits(now)
 
     def queued(self) -> int:
-        return len(self.waiting) + len(self.ending)
+        return len(self.waiting) + len(self.endings.here)
 
     def info(self) -> dict[str, Any]:
         return {
