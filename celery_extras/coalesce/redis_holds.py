@@ -23,7 +23,7 @@ from .table import CoalesceFinished, CoalesceVerdict
 __all__ = ["SCRIPT", "RedisHolds"]
 
 #: The one script of every operation (``scripts/coalesce.lua``), after the server's time.
-SCRIPT = NOW + load("key_holds") + load("coalesce")
+SCRIPT = NOW + load("key_holds") + load("coalesce") + load("key_ops")
 
 
 def _sent_ms(seconds: float) -> int:

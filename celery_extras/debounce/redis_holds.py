@@ -21,7 +21,7 @@ from .table import DebounceFinished, DebounceVerdict
 __all__ = ["SCRIPT", "RedisDebounce"]
 
 #: The one script of every operation (``scripts/debounce.lua``), after the server's time.
-SCRIPT = NOW + load("key_holds") + load("debounce")
+SCRIPT = NOW + load("key_holds") + load("debounce") + load("key_ops")
 
 
 class RedisDebounce(RedisKeyHolds):

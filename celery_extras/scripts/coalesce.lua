@@ -1,4 +1,5 @@
--- Follows now_ms.lua and key_holds.lua. The rules of celery_extras/coalesce/table.py, for one key.
+-- Follows now_ms.lua and key_holds.lua, followed by key_ops.lua. The rules of
+-- celery_extras/coalesce/table.py, for one key.
 -- KEYS[1]: the key's hash: run, wait (JSON {id, h (holder), u (lease end ms), c (cutoff ms),
 -- r (retries), e (the waiting run's delay-store entry, when parked)}), last (the last run
 -- that ended: JSON {id, c}), o (orphans, JSON list), b:<id> (the run covering <id>), n (task), k (key).
@@ -14,12 +15,10 @@
 --               1 if the covering run has ended}
 --   finish  -> {} (no longer the run) or {1 if a run waits else 0, its parked entry or '',
 --              {covered ids...}, {their contexts, '' for none...}}
---   aside   ARGV 4: hold ms -> 1, or 0 if no longer the run
---   parked  ARGV 4: hold ms, 5: delay-store entry -> 1, or 0 if no longer the waiting run
 --   dropped -> {} (held nothing) or {1, {covered ids...}, {their contexts...}}: Celery
 --              discarded the waiting run (or the run between attempts) before it ran
 --   forget  -> 1
---   renew   ARGV 4: lease ms, ids from ARGV 5 -> the ids whose hold had run out
+--   aside, parked, renew: key_ops.lua's
 -- Each write sets the keys' TTL to the longest lease + a day (orphans wait that long).
 
 local function hold(field) return held(field, {'c', 'r'}) end
@@ -143,22 +142,6 @@ elseif op == 'finish' then
   run = nil
   save(0)
   return {wait and 1 or 0, wait and wait.e or '', covered, contexts}
-elseif op == 'aside' then
-  if not run or run.id ~= mid or run.h ~= holder then
-    save(0)
-    return 0
-  end
-  run.h, run.u = '', now + tonumber(ARGV[4])
-  save(tonumber(ARGV[4]))
-  return 1
-elseif op == 'parked' then
-  if not wait or wait.id ~= mid or wait.h ~= holder then
-    save(0)
-    return 0
-  end
-  wait.h, wait.u, wait.e = '', now + tonumber(ARGV[4]), ARGV[5]
-  save(tonumber(ARGV[4]))
-  return 1
 elseif op == 'dropped' then
   local which = nil
   if wait and wait.id == mid then which = 'wait'
@@ -179,15 +162,6 @@ elseif op == 'forget' then
   end
   save(0)
   return 1
-elseif op == 'renew' then
-  local lease = tonumber(ARGV[4])
-  local lost = {}
-  for i = 5, #ARGV do
-    local hold = nil
-    if run and run.id == ARGV[i] then hold = run elseif wait and wait.id == ARGV[i] then hold = wait end
-    if hold and hold.h == holder then hold.u = now + lease else table.insert(lost, ARGV[i]) end
-  end
-  save(lease)
-  return lost
 end
-return redis.error_reply('coalesce: unknown operation ' .. tostring(op))
+local KIND, waiting = 'coalesce', wait  -- key_ops.lua answers the rest
+

@@ -1,4 +1,5 @@
--- Follows now_ms.lua and key_holds.lua. The rules of celery_extras/debounce/table.py, for one key.
+-- Follows now_ms.lua and key_holds.lua, followed by key_ops.lua. The rules of
+-- celery_extras/debounce/table.py, for one key.
 -- KEYS[1]: the key's hash: run (JSON {id, h (holder), u (lease end ms), s (sent ms), q (the
 -- microseconds of s: cjson keeps 14 digits, two messages of a burst are often sent in one
 -- ms), r (retries)}), next (the last message of the burst waiting: JSON {id, h, u, s, q, f
@@ -17,12 +18,10 @@
 --               1 if the covering run has ended}
 --   finish  -> {} (no longer the run) or {1 if a next message is due else 0, its parked
 --              entry if it is due or '', {covered ids...}, {their contexts, '' for none...}}
---   aside   ARGV 4: hold ms -> 1, or 0 if no longer the run
---   parked  ARGV 4: hold ms, 5: delay-store entry -> 1, or 0 if no longer the next message
 --   dropped -> {} or {1, {confirmed covered ids...}, {their contexts...}}: Celery discarded
 --              the next message (or the run between attempts) before it ran
 --   forget  -> 1
---   renew   ARGV 4: lease ms, ids from ARGV 5 -> the ids whose hold had run out
+--   aside, parked, renew: key_ops.lua's
 -- Each write sets the keys' TTL to the longest hold + a day (orphans, and the last run,
 -- are remembered that long).
 
@@ -170,22 +169,6 @@ elseif op == 'finish' then
   save(0)
   local due = nxt and nxt.d <= now
   return {due and 1 or 0, (due and nxt.e) or '', covered, contexts}
-elseif op == 'aside' then
-  if not run or run.id ~= mid or run.h ~= holder then
-    save(0)
-    return 0
-  end
-  run.h, run.u = '', now + tonumber(ARGV[4])
-  save(tonumber(ARGV[4]))
-  return 1
-elseif op == 'parked' then
-  if not nxt or nxt.id ~= mid or nxt.h ~= holder then
-    save(0)
-    return 0
-  end
-  nxt.h, nxt.u, nxt.e = '', now + tonumber(ARGV[4]), ARGV[5]
-  save(tonumber(ARGV[4]))
-  return 1
 elseif op == 'dropped' then
   local which = nil
   if nxt and nxt.id == mid then which = 'next'
@@ -215,15 +198,6 @@ elseif op == 'forget' then
   if nxt and nxt.id == mid and nxt.h == holder then nxt.h = '' end
   save(0)
   return 1
-elseif op == 'renew' then
-  local lease = tonumber(ARGV[4])
-  local lost = {}
-  for i = 5, #ARGV do
-    local one = nil
-    if run and run.id == ARGV[i] then one = run elseif nxt and nxt.id == ARGV[i] then one = nxt end
-    if one and one.h == holder then one.u = now + lease else table.insert(lost, ARGV[i]) end
-  end
-  save(lease)
-  return lost
 end
-return redis.error_reply('debounce: unknown operation ' .. tostring(op))
+local KIND, waiting = 'debounce', nxt  -- key_ops.lua answers the rest
+

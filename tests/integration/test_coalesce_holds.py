@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from celery_extras.coalesce.redis_holds import RedisHolds
 from tests.unit.test_coalesce_table import KEY, SCENARIOS, Harness
@@ -113,3 +114,8 @@ def test_ids_covered_before_contexts_were_kept_still_end_with_their_result(
     client.hset(name, "b:old", "r")
     assert h.ask("new", "B", sent=h.now() - 5.0, context="{new}").kind == "covered"
     assert h.endings("r", "A") == {"old": "", "new": "{new}"}
+
+
+def test_an_unknown_operation_is_an_error_naming_the_policy(holds: RedisHolds) -> None:
+    with pytest.raises(redis.ResponseError, match=r"^coalesce: unknown operation bogus$"):
+        holds._call(KEY, "bogus", "m0", "A")

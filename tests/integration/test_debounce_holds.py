@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from celery_extras.admission.notices import parse_notice
 from celery_extras.debounce.redis_holds import RedisDebounce
@@ -97,3 +98,8 @@ def test_garbage_in_a_key_reads_as_absent_and_heals(
     assert h.ask("m0", "A").ended
     assert set(client.hgetall(name)) == {"n", "k", "last"}
     assert 86_000_000 < client.pttl(name) <= 86_430_000  # the last run: a day (+ a lease)
+
+
+def test_an_unknown_operation_is_an_error_naming_the_policy(holds: RedisDebounce) -> None:
+    with pytest.raises(redis.ResponseError, match=r"^debounce: unknown operation bogus$"):
+        holds._call(KEY, "bogus", "m0", "A")
