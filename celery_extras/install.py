@@ -35,7 +35,7 @@ from .settings import (
 from .stats.capability import STATS
 from .store.client import StoreStep
 from .sync.capability import SYNC
-from .workarounds import PoolFlushGuard, RedisCloseGuard
+from .workarounds import EventLoopGuard, PoolFlushGuard, RedisCloseGuard
 
 __all__ = [
     "CAPABILITIES",
@@ -147,6 +147,7 @@ def install(app: Celery, **options: Any) -> Celery:
 
     app.steps["worker"].add(ExtrasStep)
     app.steps["worker"].add(PoolFlushGuard)
+    app.steps["worker"].add(EventLoopGuard)
     app.steps["consumer"].add(RedisCloseGuard)
     app.steps["consumer"].add(StoreStep)
     for capability in CAPABILITIES:

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
-from celery.worker.components import Pool
+from celery.worker.components import Hub, Pool
 from celery.worker.consumer.connection import Connection
+from kombu.asynchronous import get_event_loop, set_event_loop
 
 from .compat import drop_acks, keep_written_jobs, replace_connection_close, transport_channels
 
-__all__ = ["PoolFlushGuard", "RedisCloseGuard"]
+__all__ = ["EventLoopGuard", "PoolFlushGuard", "RedisCloseGuard"]
 
 logger = logging.getLogger(__name__)
 #: kombu's virtual transport logs a message delivered after its consumer was cancelled.
@@ -73,6 +74,33 @@ class PoolFlushGuard(bootsteps.StartStopStep):
 
     def start(self, w: Any) -> None:
         keep_written_jobs(w.pool, _kept)
+
+
+class EventLoopGuard(bootsteps.StartStopStep):
+    """Keeps the next worker of this process from running on this one's event loop.
+
+    A worker takes kombu's current event loop if there is one (Celery's ``Hub`` step), and
+    kombu before 5.6 leaves a closed loop current: the next worker in the same process (the
+    in-process test worker, ``start_worker``, started again) runs on it, with the timer of
+    the worker that made it. Its own timer, where the consumer puts every entry (a task
+    held by a limit, a coalesced run, the admission tick, Celery's ETA tasks and
+    heartbeats), is never fired: a held task never runs, and the loop sleeps 10 s at a
+    time (every stop takes that long). kombu 5.6's ``Hub.close`` forgets the loop; this
+    step does the same as the worker stops.
+    """
+
+    label = "extras-event-loop-guard"
+    requires = (Hub,)
+
+    def include_if(self, w: Any) -> bool:
+        return bool(w.use_eventloop)
+
+    def stop(self, w: Any) -> None:
+        hub = getattr(w, "hub", None)
+        if hub is not None and get_event_loop() is hub:
+            set_event_loop(None)
+
+    shutdown = terminate = stop
 
 
 def _kept(count: int) -> None:

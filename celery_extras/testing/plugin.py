@@ -191,7 +191,7 @@ def extras_worker(
         clock = request.getfixturevalue("extras_clock")
     settling: SettlingWorker | None = None
     # a worker takes kombu's current event loop if there is one, with the timer of the worker
-    # that made it (Celery 5.5: the timer entries of every later worker never fire): each
+    # that made it (kombu 5.5: the timer entries of every later worker never fire): each
     # worker gets its own, and leaves none behind
     set_event_loop(None)
     try:

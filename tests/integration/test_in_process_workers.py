@@ -93,3 +93,24 @@ def test_twenty_in_process_workers_leave_no_thread_and_no_store_connection(
     finally:
         journal.clear()
         app.close()
+
+
+def test_a_task_held_in_a_later_in_process_worker_runs(
+    broker: str, ns: str, store: PrivateRedis
+) -> None:
+    """Each in-process worker fires its own timer: kombu before 5.6 left the first worker's
+    closed event loop current, and every later worker ran on it with the first one's timer
+    (its own never fired: a task held by its limit never ran, and each stop took 10 s)."""
+    app = proj.make_app(broker, ns, {"extras_redis_url": store.url}, INCLUDE)
+    journal = Journal(ns)
+    try:
+        for cycle in range(2):
+            with start_worker(app, perform_ping_check=False, shutdown_timeout=30) as worker:
+                assert worker.consumer.timer is worker.hub.timer
+                for tag in ("now", "held"):  # 10/s, burst 1: the second waits 0.1 s
+                    app.send_task("tests.delay.limited10", args=(f"{cycle}-{tag}",))
+                wait_for(lambda n=cycle: len(journal) >= 2 * (n + 1), timeout=10,
+                         what=lambda n=cycle: f"cycle {n}'s runs: {journal.entries()}")  # fmt: skip
+    finally:
+        journal.clear()
+        app.close()
