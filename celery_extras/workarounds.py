@@ -86,7 +86,8 @@ class EventLoopGuard(bootsteps.StartStopStep):
     held by a limit, a coalesced run, the admission tick, Celery's ETA tasks and
     heartbeats), is never fired: a held task never runs, and the loop sleeps 10 s at a
     time (every stop takes that long). kombu 5.6's ``Hub.close`` forgets the loop; this
-    step does the same as the worker stops.
+    step has the hub do the same as it closes (the last step to stop: the pool, stopping
+    before it, still fires the loop's timers while it drains).
     """
 
     label = "extras-event-loop-guard"
@@ -95,12 +96,13 @@ class EventLoopGuard(bootsteps.StartStopStep):
     def include_if(self, w: Any) -> bool:
         return bool(w.use_eventloop)
 
-    def stop(self, w: Any) -> None:
-        hub = getattr(w, "hub", None)
-        if hub is not None and get_event_loop() is hub:
-            set_event_loop(None)
+    def start(self, w: Any) -> None:
+        w.hub.on_close.add(_forget_loop)
 
-    shutdown = terminate = stop
+
+def _forget_loop(hub: Any) -> None:
+    if get_event_loop() is hub:
+        set_event_loop(None)
 
 
 def _kept(count: int) -> None:

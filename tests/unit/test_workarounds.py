@@ -1,0 +1,42 @@
+"""The worker steps that guard against known bugs of the supported Celery and kombu
+releases (``celery_extras/workarounds.py``), on real kombu objects."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kombu.asynchronous import Hub, get_event_loop, set_event_loop
+
+from celery_extras.workarounds import EventLoopGuard
+
+
+def test_the_event_loop_is_forgotten_when_its_hub_closes_not_before() -> None:
+    """The pool stops before the hub and may still use the loop (Celery 5.7's prefork pool
+    fires its timers while it drains): the step leaves the loop current until the hub
+    closes, then forgets it, as kombu 5.6's Hub.close does (kombu 5.5's left it current)."""
+    hub = Hub()
+    previous = set_event_loop(hub)
+    try:
+        worker = SimpleNamespace(hub=hub, use_eventloop=True)
+        step = EventLoopGuard(worker)
+        assert step.include_if(worker)
+        step.start(worker)
+        step.stop(worker)
+        step.terminate(worker)
+        assert get_event_loop() is hub
+        hub.close()
+        assert get_event_loop() is None
+    finally:
+        set_event_loop(previous)
+
+
+def test_a_closing_hub_that_is_not_current_leaves_the_current_one() -> None:
+    current, other = Hub(), Hub()
+    previous = set_event_loop(current)
+    try:
+        EventLoopGuard(SimpleNamespace()).start(SimpleNamespace(hub=other))
+        other.close()
+        assert get_event_loop() is current
+    finally:
+        current.close()
+        set_event_loop(previous)
