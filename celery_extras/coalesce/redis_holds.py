@@ -97,7 +97,7 @@ class RedisHolds(RedisKeyHolds):
 
     def listing(self) -> Iterator[dict[str, Any]]:
         """Every key with a run, a waiting run or orphans: task, key, and its holds."""
-        for raw_key in self.client.scan_iter(match=f"{self.prefix}:coalesce:{{*}}", count=500):
+        for raw_key in self.client.scan_iter(match=f"{self.prefix}:{self.kind}:{{*}}", count=500):
             fields = self.client.hgetall(raw_key)
             if not fields:
                 continue
