@@ -52,8 +52,10 @@ def bucket_tag(name: str, key: str) -> str:
     return f"{{{digest}}}"
 
 
+@functools.lru_cache(maxsize=4096)
 def notice(name: str, key: str) -> str:
-    """The text published for bucket ``(name, key)``."""
+    """The text published for bucket ``(name, key)`` (each release of a slot carries it),
+    kept for the buckets in use."""
     return json.dumps([name, key])
 
 

@@ -18,8 +18,9 @@ runs on one Redis Cluster slot and buckets spread over the masters:
 * ``tickets``: each ticket's lease (a dead waiter's ticket goes away).
 
 Every key has a TTL and is deleted once the bucket is empty, so idle per-key
-buckets cost nothing. A release publishes the bucket on one channel; workers
-with waiters on that bucket try again at once (no polling). The cap is handed
+buckets cost nothing. A release with workers queued publishes the bucket on one channel;
+workers with waiters on that bucket try again at once (no polling). Every worker hears
+every notice, so a release nobody waits for is not published. The cap is handed
 to the scripts (run-time caps sit in one hash, ``<prefix>:concurrency``, read
 at most every :data:`CAP_REFRESH` seconds). No Celery import.
 """

@@ -4,7 +4,8 @@
 -- cap, more (1: still more waiting), ticket lease ms. The slot goes straight to that waiter
 -- when the worker is first in the queue or the first ticket has waited less than the
 -- patience (so a worker at the head of the queue waits at most that much longer than in
--- strict order). Returns {1 if it held a slot, 1 if handed over}.
+-- strict order). A slot freed is published only when a worker is queued for it (every worker
+-- hears every notice). Returns {1 if it held a slot, 1 if handed over}.
 local found = redis.call('ZREM', KEYS[1], ARGV[1])
 local nxt = ARGV[4] or ''
 if nxt ~= '' and redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[8]) then
@@ -32,9 +33,9 @@ if nxt ~= '' and redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[8]) then
     return {found, 1}
   end
 end
-if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-else
+if redis.call('ZCARD', KEYS[2]) > 0 then
   redis.call('PUBLISH', ARGV[2], ARGV[3])
+elseif redis.call('ZCARD', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 end
 return {found, 0}

@@ -91,6 +91,25 @@ def test_release_notifies_subscribers(store: RedisSlots, client: Any) -> None:
         pubsub.close()
 
 
+def test_a_release_nobody_waits_for_is_not_announced(store: RedisSlots, client: Any) -> None:
+    """Every worker hears every notice: a release announced with no waiter would cost each
+    of them a message per task that ends."""
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(store.channel)
+    try:
+        take(store, "a", key="idle")
+        take(store, "b", key="idle")
+        assert store.release("t", "idle", "a")  # "b" still holds, nobody waits
+        take(store, "c", key="busy")
+        take(store, "d", key="busy")
+        take(store, "e", key="busy")  # waits
+        assert store.release("t", "busy", "c")
+        message = wait_for(lambda: pubsub.get_message(timeout=0.1), timeout=5.0)
+        assert parse_notice(message["data"]) == ("t", "busy")  # the first notice
+    finally:
+        pubsub.close()
+
+
 def test_keys_share_one_hash_tag_and_buckets_spread(
     redis_cluster_topology: RedisClusterTopology,
 ) -> None:

@@ -27,7 +27,7 @@ PACKAGE = Path(celery_extras.__file__).parent
 #: SHA1 of each script as sent to Redis (the timed ones since they are told the time: issue 26).
 SHA1 = {
     "slot_store.ACQUIRE_SCRIPT": "b92b48866597fca8c06beb962ba5b39d23ce2ad8",
-    "slot_store.RELEASE_SCRIPT": "40dc38fa075c488c9d18d54ba217c289105cdd25",
+    "slot_store.RELEASE_SCRIPT": "3f4b2fdfe652cfbc964e25e139e80c7a285a6a79",
     "slot_store.RENEW_SCRIPT": "ca8f1e59ee38e3674a4ceee2d151e6a6ce2bf1b4",
     "slot_store.TICKET_SCRIPT": "798d8ff4ddf638cfb40e3d85491cf2fa2596efa1",
     "global_bucket.ACQUIRE_SCRIPT": "9cb5527e8650f7524b00b6a406474fe2a4bbfe9e",
