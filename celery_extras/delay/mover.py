@@ -30,7 +30,8 @@ class Mover:
     raises when it cannot; the entry is then left claimed, and claimed again when
     its lease ends. *confirm*, if given, returns once the broker has every entry published
     in the turn, or raises: then none of them is released (they are claimed again).
-    :meth:`run_once` returns how long to sleep before the next turn.
+    :meth:`run_once` returns how long to sleep before the next turn. *new_token* gives each
+    turn a random text; the turn's claims carry it and their number.
     """
 
     def __init__(
@@ -66,7 +67,8 @@ class Mover:
 
     def run_once(self) -> float:
         """One turn; seconds to sleep before the next. Store errors propagate."""
-        tokens = [self.new_token() for _ in range(self.batch)]
+        turn = self.new_token()  # one random text a turn: its claims are numbered
+        tokens = [f"{turn}.{i}" for i in range(self.batch)]
         # published but not yet taken, per shard, before the lookahead waits: two batches
         claimed = self.store.claim(self.lead, self.lease, tokens, self.lookahead,
                                    2 * self.batch, self.pace)  # fmt: skip
