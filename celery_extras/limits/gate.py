@@ -147,10 +147,11 @@ class LimitGate(Gate):
         self.waiting.discard(id(ticket.request))
         booking: Booking | None = ticket.notes.pop(self.label, None)
         arrival = ticket.notes.pop(ARRIVAL_NOTE, None)
+        if arrival is AHEAD:  # a call booked ahead: it runs (no shadow limit, nothing held)
+            self.counts["admitted"] += 1
+            return RUN
         reply = ticket.reply(self.label)
-        if arrival is AHEAD:
-            plan = self.planner.ahead_plan()
-        elif reply is not NO_REPLY:
+        if reply is not NO_REPLY:
             plan = self.planner.plan(ticket.name, ticket.request, arrived=(*arrival, reply))
         elif booking is not None and self._keeps(ticket.name, booking):
             plan = self.planner.plan(ticket.name, ticket.request, booking.due, booking.limit,

@@ -114,6 +114,16 @@ class LimitPlanner(WorkerLimits):
         super().__init__(*args, **kwargs)
         #: the next calls of a task whose limits do not bind, booked with one that goes now
         self.ahead = BookedAhead(self.clock)
+        #: per task: whether its limits are all global and enforcing (but for limits_shadow),
+        #: and the key of its calls booked ahead when every call has the same (see
+        #: :func:`_fixed_ahead_key`: found without reading the call), else ``None``
+        self._global: dict[str, bool] = {}
+        self._fixed: dict[str, tuple[Any, ...] | None] = {}
+
+    def register(self, name: str, specs: LimitSpec | tuple[LimitSpec, ...]) -> None:
+        super().register(name, specs)
+        self._global[name] = all(s.scope == "global" and not s.shadow for s in self.specs[name])
+        self._fixed[name] = _fixed_ahead_key(name, self.specs[name])
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -144,23 +154,26 @@ class LimitPlanner(WorkerLimits):
 
     def arrival_call(self, name: str, request: Any) -> tuple[list[_Call], StoreCall] | Any:
         """The limits an arriving task of *name* meets, and :meth:`plan`'s store call as data
-        (booking the task's next calls ahead when they come often); :data:`AHEAD` when it
-        takes a call booked before (it goes now: :meth:`ahead_plan`); ``None`` unless the
-        store alone decides (all limits global, enforcing, no fallback debt)."""
+        (booking its next calls ahead when they come often); :data:`AHEAD` when it takes a
+        call booked before; ``None`` unless the store alone decides (limits all global and
+        enforcing, no cost refused, no fallback debt)."""
         specs = self.specs[name]
-        if any(s.scope != "global" or self.shadow(s) for s in specs) or not self.store.up():
+        if not self._global[name] or self.all_shadow or not self.store.up():
             return None
-        try:
-            calls = self._calls(name, request)
-        except CostError:
+        bucket, calls = self._fixed.get(name), None
+        if bucket is None:  # the call is read first: its keys and costs name its buckets
+            calls = self._read(name, request)
+            if calls is None:
+                return None
+            bucket = _ahead_key(name, calls)
+        elif any(self.buckets.fell_back(limit_id(name, i), "") for i in range(len(specs))):
             return None
-        if any(self.buckets.fell_back(c.id, c.key) for c in calls):
-            return None
-        bucket = _ahead_key(name, calls)
         if self.ahead.spend(bucket):
             return AHEAD
-        # spent within half the tightest late tolerance, on slots that passed at most that
-        # long before: each late by at most the tolerance
+        calls = calls or self._read(name, request)
+        if calls is None:
+            return None
+        # slots passed at most half the tightest late tolerance ago, spent within as long
         horizon = self.late_tolerance(name, None) / 2
         try:  # it reads the stored run-time rates now and then: the store may fail
             return calls, self.global_bucket().acquire_call(
@@ -170,9 +183,13 @@ class LimitPlanner(WorkerLimits):
             self.store.failed(exc)
             return None
 
-    def ahead_plan(self) -> Plan:
-        """The plan of a task admitted on a call booked ahead: it runs."""
-        return Plan(action="run", wait=0.0, booked=True, due=self.clock())
+    def _read(self, name: str, request: Any) -> list[_Call] | None:
+        """:meth:`_calls`, or ``None`` for a cost :meth:`plan` refuses or a fallback debt."""
+        try:
+            calls = self._calls(name, request)
+        except CostError:
+            return None
+        return None if any(self.buckets.fell_back(c.id, c.key) for c in calls) else calls
 
     def plan(
         self,
@@ -199,21 +216,13 @@ class LimitPlanner(WorkerLimits):
         if slot is not None:
             wait = slot - self.clock()
             if wait > 0:
-                return Plan(
-                    action="hold",
-                    wait=wait,
-                    booked=True,
-                    due=slot,
-                    verified=True,
-                    limit=slot_limit,
-                    taken=taken,
-                )
+                return Plan(action="hold", wait=wait, booked=True, due=slot, verified=True,
+                            limit=slot_limit, taken=taken)  # fmt: skip
             if -wait > self.late_tolerance(name, slot_limit):
                 taken = frozenset()  # missed: every limit is asked again
             elif slot_limit is None:
-                return Plan(
-                    action="run", wait=0.0, booked=True, due=slot, verified=True, limit=None
-                )
+                return Plan(action="run", wait=0.0, booked=True, due=slot, verified=True,
+                            limit=None)  # fmt: skip
             else:
                 taken = taken | {slot_limit}
         try:
@@ -303,14 +312,8 @@ class LimitPlanner(WorkerLimits):
                 taken.add(call.index)
         if wait > MAX_WAIT or math.isnan(wait):  # booked nothing: wait that long, ask again
             held_by = binding.index if binding else _first(remote + local)
-            return Plan(
-                action="hold",
-                wait=MAX_WAIT,
-                booked=False,
-                due=now + MAX_WAIT,
-                limit=None,
-                held_by=held_by,
-            )
+            return Plan(action="hold", wait=MAX_WAIT, booked=False, due=now + MAX_WAIT, limit=None,
+                        held_by=held_by)  # fmt: skip
         # the rule of all_of, the worker's buckets all narrow: each books its own slot
         narrow = admit_all([(b, c.cost, True) for b, c in zip(buckets, local, strict=True)],
                            floor=wait, max_wait=MAX_WAIT)  # fmt: skip
@@ -333,9 +336,8 @@ class LimitPlanner(WorkerLimits):
             only = remote[0].index if len(local) + len(remote) == 1 else None
             held = Plan.held(debt, now, only, remote[0].index, False, self.max_hold)
             return replace(held, shadowed=shadowed)
-        return Plan(
-            action="run", wait=0.0, booked=True, due=now, verified=verified, shadowed=shadowed
-        )
+        return Plan(action="run", wait=0.0, booked=True, due=now, verified=verified,
+                    shadowed=shadowed)  # fmt: skip
 
     def _parked_unbooked(self, call: _Call, wait: float) -> Plan:
         """A worker-scope limit makes the task wait longer than the worker holds: it is
@@ -360,6 +362,15 @@ class LimitPlanner(WorkerLimits):
 def _ahead_key(name: str, calls: list[_Call]) -> tuple[Any, ...]:
     """What calls booked ahead are kept under: the task, and its buckets and costs."""
     return name, *((c.id, c.key, c.cost) for c in calls)
+
+
+def _fixed_ahead_key(name: str, specs: tuple[LimitSpec, ...]) -> tuple[Any, ...] | None:
+    """:func:`_ahead_key` of every call of *name* when its limits are all global, enforcing,
+    without a key and of a fixed cost, else ``None`` (each call is read)."""
+    if any(s.scope != "global" or s.shadow or s.key is not None or callable(s.cost)
+           for s in specs):  # fmt: skip
+        return None
+    return name, *((limit_id(name, i), "", s.cost) for i, s in enumerate(specs))
 
 
 def _first(calls: list[_Call]) -> int | None:
