@@ -272,7 +272,8 @@ class SlotGate(Gate):
                 "the store); their tasks keep running",
                 lost, bucket[0], lease,
             )  # fmt: skip
-        self.store.keep_tickets(self.queues.waiting)
+        for bucket in self.store.keep_tickets(self.queues.waiting):
+            self.wake(bucket)
         self.store.settle()
 
     def queued(self) -> int:

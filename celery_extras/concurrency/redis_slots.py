@@ -152,9 +152,10 @@ class RedisSlots:
         lost = self._renew(keys=self.keys(name, key)[:1], args=[_ms(lease), *holders])
         return [h.decode() if isinstance(h, bytes) else str(h) for h in lost]
 
-    def touch_ticket(self, name: str, key: str, worker: str, lease: float) -> None:
-        """Keep *worker*'s ticket of the bucket alive (it still waits)."""
-        self._ticket(keys=self.keys(name, key)[1:], args=[_ms(lease), worker, "0"])
+    def touch_ticket(self, name: str, key: str, worker: str, lease: float) -> bool:
+        """Keep *worker*'s ticket of the bucket alive (it still waits); ``False`` when the
+        store had dropped it (its lease ran out): the worker is no longer queued."""
+        return bool(self._ticket(keys=self.keys(name, key)[1:], args=[_ms(lease), worker, "0"]))
 
     def leave(self, name: str, key: str, worker: str) -> None:
         """Drop *worker*'s ticket (it waits for nothing in the bucket any more)."""

@@ -233,11 +233,14 @@ class StoreSlots:
         except Exception as exc:  # the ticket's own lease drops it
             self.health.failed(exc)
 
-    def keep_tickets(self, waiting: Callable[[Bucket], int]) -> None:
+    def keep_tickets(self, waiting: Callable[[Bucket], int]) -> list[Bucket]:
         """Keep alive the tickets of buckets where this worker still waits (each once a
-        second at most), and drop the others."""
+        second at most), and drop the others. Returns the buckets whose ticket the store
+        had dropped (the worker was blocked past its lease): their queues ask again, which
+        queues the worker again (a release is announced only to workers queued)."""
+        lost: list[Bucket] = []
         if not self.tickets or not self.health.up():
-            return
+            return lost
         now = self.clock()
         for bucket, touched in list(self.tickets.items()):
             if not waiting(bucket):
@@ -247,10 +250,12 @@ class StoreSlots:
                 continue
             self.tickets[bucket] = now
             try:
-                self.store.touch_ticket(bucket[0], bucket[1], self.worker, TICKET_LEASE)
+                if not self.store.touch_ticket(bucket[0], bucket[1], self.worker, TICKET_LEASE):
+                    lost.append(bucket)
             except Exception as exc:
                 self.health.failed(exc)
                 break
+        return lost
 
     def caps(self) -> dict[str, int] | None:
         """The run-time caps in the store, or ``None`` when it did not answer."""

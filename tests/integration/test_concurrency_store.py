@@ -5,6 +5,7 @@ No worker and no broker here (the store is Redis whatever the broker).
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,8 +13,12 @@ from typing import Any
 
 import pytest
 
+from celery_extras.admission.gate import HolderIds
 from celery_extras.admission.notices import parse_notice
 from celery_extras.concurrency.redis_slots import RedisSlots
+from celery_extras.concurrency.slots import TICKET_LEASE, StoreSlots
+from celery_extras.store.health import StoreHealth
+from tests.support.clock import FakeClock
 from tests.support.topology import RedisClusterTopology
 from tests.support.workers import wait_for
 
@@ -74,6 +79,31 @@ def test_a_dead_waiters_ticket_goes_with_its_lease(store: RedisSlots) -> None:
     assert take(store, "z", worker="alive", cap=1) > 0  # dead2 is still in front...
     time.sleep(0.4)
     assert take(store, "z", worker="alive", cap=1) == 0.0  # ...until its ticket runs out
+
+
+def test_a_worker_blocked_past_its_tickets_lease_learns_it_is_no_longer_queued(
+    store: RedisSlots,
+) -> None:
+    """A release is announced only to the workers queued: one whose ticket ran out (its
+    loop blocked past the ticket's lease) learns it as it keeps its tickets, and its queue
+    asks again (which queues it again); a ticket still there is kept."""
+    clock = FakeClock()
+    health = StoreHealth(clock=clock).user(logging.getLogger("test"), "slots", "")
+    slots = StoreSlots(lambda: store, health, HolderIds(), clock)
+    bucket = ("t", "")
+    assert take(store, "h", worker="other", cap=1) == 0.0
+
+    def queued_for(ticket_lease: float) -> None:  # as its take would, with a shorter lease
+        assert store.acquire("t", "", "x", 1, 30.0, slots.worker, False, ticket_lease) > 0
+        slots.tickets[bucket] = clock()
+        clock.now += TICKET_LEASE  # due to be kept alive
+
+    queued_for(0.3)
+    assert slots.keep_tickets(lambda b: 1) == []  # still queued: kept for TICKET_LEASE
+    queued_for(0.3)
+    time.sleep(0.4)
+    assert take(store, "y", worker="third", cap=1) > 0  # its script drops the ticket run out
+    assert slots.keep_tickets(lambda b: 1) == [bucket]
 
 
 def test_release_notifies_subscribers(store: RedisSlots, client: Any) -> None:
