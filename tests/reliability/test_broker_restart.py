@@ -30,8 +30,12 @@ from tests.support.workers import wait_for
 INCLUDE = ("tests.support.tasks_reliability",)
 
 
-@pytest.mark.exclusive
-@pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
+#: Redis: the test's own server, restarted beside the other tests; RabbitMQ: the shared one,
+#: with no test beside it.
+KINDS = ["redis", pytest.param("rabbitmq", marks=pytest.mark.exclusive)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_broker_restart_mid_run(kind: str, ns: str, tmp_path: Path, journal: Journal) -> None:
     with restartable_cluster(kind, ns, tmp_path) as (cluster, broker):
         run_through_a_restart(cluster, journal, broker)
@@ -95,8 +99,7 @@ def run_through_a_restart(cluster: Cluster, journal: Journal, broker: Restartabl
     assert worker.alive()
 
 
-@pytest.mark.exclusive
-@pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_retry_that_cannot_be_published_keeps_its_task(
     kind: str, ns: str, tmp_path: Path, journal: Journal
 ) -> None:
