@@ -55,6 +55,7 @@ __all__ = [
     "forget_held",
     "keep_written_jobs",
     "limited_set_newest",
+    "loop_closed",
     "missing",
     "narrow_prefetch",
     "on_strategies_rebuilt",
@@ -204,6 +205,11 @@ def _shared_task_closure(shared_task: Any) -> bool:
         {"fun", "name"} <= set(code.co_freevars) and "app" in code.co_varnames
         for code in getters(shared_task.__code__)
     )
+
+
+def _hub_forgets_its_poller(close_poller: Any) -> bool:
+    """``Hub._close_poller`` sets ``self._poller`` to ``None``: a closed loop has none."""
+    return "self._poller = None" in inspect.getsource(close_poller)
 
 
 def _pool_has_poller(cls: Any) -> bool:
@@ -422,6 +428,10 @@ PRIVATE: tuple[Private, ...] = (
             "a cached property: the message body's (args, kwargs, embed)",
             "covered messages: their callbacks, errbacks, chain and chord kept for their end",
             fallback="the message's payload (kombu's Message.payload), the same tuple"),
+    Private("kombu.asynchronous.hub", "Hub._close_poller", _hub_forgets_its_poller,
+            "Hub.close() sets the hub's _poller to None",
+            "event loop guard: a closed loop another worker left current is forgotten",
+            fallback="the loop is taken as open (kombu 5.6 forgets a loop as it closes)"),
     Private("kombu.connection", "Connection.collect", _callable(),
             "Connection.collect()", "Redis close guard: wraps the close of a lost connection"),
     Private("celery.bin.purge", "purge", _purge_command,
@@ -681,6 +691,11 @@ class DroppingEventReceiver(EventReceiver):
 
 
 # -- the pool, kombu connections ---------------------------------------------------------------
+
+
+def loop_closed(hub: Any) -> bool:
+    """Whether the event loop *hub* was closed (its poller gone)."""
+    return getattr(hub, "_poller", True) is None
 
 
 def pool_poll_start(pool: Any) -> Callable[[], None] | None:

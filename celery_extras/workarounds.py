@@ -15,7 +15,13 @@ from celery.worker.components import Hub, Pool
 from celery.worker.consumer.connection import Connection
 from kombu.asynchronous import get_event_loop, set_event_loop
 
-from .compat import drop_acks, keep_written_jobs, replace_connection_close, transport_channels
+from .compat import (
+    drop_acks,
+    keep_written_jobs,
+    loop_closed,
+    replace_connection_close,
+    transport_channels,
+)
 
 __all__ = ["EventLoopGuard", "PoolFlushGuard", "RedisCloseGuard"]
 
@@ -87,11 +93,21 @@ class EventLoopGuard(bootsteps.StartStopStep):
     heartbeats), is never fired: a held task never runs, and the loop sleeps 10 s at a
     time (every stop takes that long). kombu 5.6's ``Hub.close`` forgets the loop; this
     step has the hub do the same as it closes (the last step to stop: the pool, stopping
-    before it, still fires the loop's timers while it drains).
+    before it, still fires the loop's timers while it drains). A closed loop an earlier
+    worker without this step left current (another app's, plain Celery's) is forgotten as
+    the worker builds its steps, before the ``Hub`` step would take it.
     """
 
     label = "extras-event-loop-guard"
     requires = (Hub,)
+
+    def __init__(self, w: Any, **kwargs: Any) -> None:
+        super().__init__(w, **kwargs)
+        loop = get_event_loop()  # every step is made before the Hub step makes the hub
+        if loop is not None and loop_closed(loop):
+            set_event_loop(None)
+            logger.info("celery-extras: an event loop another worker of this process "
+                        "closed was still current: this worker makes its own")  # fmt: skip
 
     def include_if(self, w: Any) -> bool:
         return bool(w.use_eventloop)

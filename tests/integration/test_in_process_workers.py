@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from celery import signals
+from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 
 from celery_extras.store.client import CLIENT_NAME
@@ -100,7 +100,14 @@ def test_a_task_held_in_a_later_in_process_worker_runs(
 ) -> None:
     """Each in-process worker fires its own timer: kombu before 5.6 left the first worker's
     closed event loop current, and every later worker ran on it with the first one's timer
-    (its own never fired: a task held by its limit never ran, and each stop took 10 s)."""
+    (its own never fired: a task held by its limit never ran, and each stop took 10 s).
+    The first worker here is plain Celery's (an app without celery-extras), which leaves
+    its closed loop as kombu does."""
+    plain = Celery(f"{ns}-plain", broker=broker, set_as_current=False)
+    plain.conf.update(task_default_queue=f"{ns}-plain", worker_hijack_root_logger=False)
+    with start_worker(plain, perform_ping_check=False, shutdown_timeout=30):
+        pass
+    plain.close()
     app = proj.make_app(broker, ns, {"extras_redis_url": store.url}, INCLUDE)
     journal = Journal(ns)
     try:

@@ -40,3 +40,23 @@ def test_a_closing_hub_that_is_not_current_leaves_the_current_one() -> None:
     finally:
         current.close()
         set_event_loop(previous)
+
+
+def test_a_closed_loop_another_worker_left_current_is_forgotten_as_the_worker_is_built() -> None:
+    """A worker without the step (another app's, plain Celery's) on kombu 5.5 leaves its
+    closed loop current: the next worker would take it in its Hub step, and run on the
+    other worker's timer. Every step is made before the Hub step runs; this one forgets a
+    closed loop then, and leaves an open one (a loop somebody runs) alone."""
+    left, running = Hub(), Hub()
+    previous = set_event_loop(left)
+    try:
+        left.close()
+        set_event_loop(left)  # as kombu before 5.6 left it
+        EventLoopGuard(SimpleNamespace())
+        assert get_event_loop() is None
+        set_event_loop(running)
+        EventLoopGuard(SimpleNamespace())
+        assert get_event_loop() is running
+    finally:
+        running.close()
+        set_event_loop(previous)
