@@ -123,7 +123,7 @@ class LimitPlanner(WorkerLimits):
     def register(self, name: str, specs: LimitSpec | tuple[LimitSpec, ...]) -> None:
         super().register(name, specs)
         self._global[name] = all(s.scope == "global" and not s.shadow for s in self.specs[name])
-        self._fixed[name] = _fixed_ahead_key(name, self.specs[name])
+        self._fixed[name] = _fixed_ahead_key(name, self.specs[name]) if self._global[name] else None
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -166,7 +166,7 @@ class LimitPlanner(WorkerLimits):
             if calls is None:
                 return None
             bucket = _ahead_key(name, calls)
-        elif any(self.buckets.fell_back(limit_id(name, i), "") for i in range(len(specs))):
+        elif any(self.buckets.fell_back(limit, key) for limit, key, _ in bucket[1:]):
             return None
         if self.ahead.spend(bucket):
             return AHEAD
@@ -365,10 +365,9 @@ def _ahead_key(name: str, calls: list[_Call]) -> tuple[Any, ...]:
 
 
 def _fixed_ahead_key(name: str, specs: tuple[LimitSpec, ...]) -> tuple[Any, ...] | None:
-    """:func:`_ahead_key` of every call of *name* when its limits are all global, enforcing,
-    without a key and of a fixed cost, else ``None`` (each call is read)."""
-    if any(s.scope != "global" or s.shadow or s.key is not None or callable(s.cost)
-           for s in specs):  # fmt: skip
+    """:func:`_ahead_key` of every call of *name*, whose limits are global and enforcing,
+    when none has a key or a cost per call, else ``None`` (each call is read)."""
+    if any(s.key is not None or callable(s.cost) for s in specs):
         return None
     return name, *((limit_id(name, i), "", s.cost) for i, s in enumerate(specs))
 
