@@ -25,6 +25,8 @@ class LocalBuckets:
         #: Latest global slot this worker booked per bucket, and the span (burst x interval)
         #: it covers: a fallback bucket starts after it, so an outage adds no second burst.
         self.last_slot: dict[tuple[str, str], tuple[float, float]] = {}
+        #: whether a fallback bucket was ever made (until then no admission looks for one)
+        self.fallen_back = False
 
     def get(self, bucket_name: str, key: str, rate: float, burst: int) -> TokenBucket:
         """The bucket *bucket_name* of *key*, made at *rate* and *burst* when new."""
@@ -46,6 +48,7 @@ class LocalBuckets:
     def fallback(self, limit: str, key: str, rate: float, burst: int) -> TokenBucket:
         """The stand-in bucket of global *limit*, starting after the last slot the store
         gave this worker."""
+        self.fallen_back = True
         bucket = self.get(f"fallback:{limit}", key, rate, burst)
         last = self.last_slot.get((limit, key))
         if last is not None:
@@ -55,12 +58,12 @@ class LocalBuckets:
     def fell_back(self, limit: str, key: str) -> bool:
         """Whether a fallback bucket of *limit* and *key* handed out slots in an outage (its
         debt may make a task the store admits wait: :meth:`after_fallback`)."""
-        return (f"fallback:{limit}", key) in self.buckets
+        return self.fallen_back and (f"fallback:{limit}", key) in self.buckets
 
     def after_fallback(self, limit: str, key: str, wait: float) -> float:
         """*wait*, or longer so the slot comes after those the fallback bucket handed out
         during an outage: a worker adds no global burst on top of its local debt."""
-        fallback = self.buckets.get((f"fallback:{limit}", key))
+        fallback = self.buckets.get((f"fallback:{limit}", key)) if self.fallen_back else None
         if fallback is None:
             return wait
         now = self.clock()

@@ -55,21 +55,7 @@ local function cover(run_id, id)
   return {'covered', run_id}
 end
 
-local function save(longest)
-  put('run', run)
-  put('wait', wait)
-  if #orphans > 0 then redis.call('HSET', h, 'o', cjson.encode(orphans)) else redis.call('HDEL', h, 'o') end
-  if redis.call('HLEN', h) <= 2 and not run and not wait then  -- only n, k left (no last)
-    redis.call('DEL', h, x)
-    return
-  end
-  local ttl = DAY + (longest or 0)
-  redis.call('PEXPIRE', h, ttl)
-  redis.call('PEXPIRE', x, ttl)
-  for _, hold in ipairs({run, wait}) do
-    if hold then redis.call('PEXPIRE', h .. ':c:' .. hold.id, ttl) end
-  end
-end
+local function save(longest) write_holds({'run', 'wait'}, {run, wait}, longest) end
 
 local function start(lease, retries)
   run = {id = mid, h = holder, u = now + lease, c = now, r = retries}
@@ -83,7 +69,7 @@ end
 local reply
 if op == 'ask' then
   local sent, lease, keep, retries = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
-  redis.call('HSET', h, 'n', ARGV[8], 'k', ARGV[9])
+  task_key = {ARGV[8], ARGV[9]}
   local by = redis.call('HGET', h, 'b:' .. mid)
   if run and run.id == mid then
     if run.h == '' or run.h == holder or retries > run.r then

@@ -60,21 +60,7 @@ if run and run.u <= now then orphan(run.id); run = nil end
 if nxt and nxt.u <= now then orphan(nxt.id); nxt = nil end
 if last and last.u <= now then last = nil; redis.call('HDEL', h, 'last') end
 
-local function save(longest)
-  put('run', run)
-  put('next', nxt)
-  if #orphans > 0 then redis.call('HSET', h, 'o', cjson.encode(orphans)) else redis.call('HDEL', h, 'o') end
-  if redis.call('HLEN', h) <= 2 and not run and not nxt then  -- only n, k left (no last)
-    redis.call('DEL', h, x)
-    return
-  end
-  local ttl = DAY + (longest or 0)
-  redis.call('PEXPIRE', h, ttl)
-  redis.call('PEXPIRE', x, ttl)
-  for _, one in ipairs({run, nxt}) do
-    if one then redis.call('PEXPIRE', h .. ':c:' .. one.id, ttl) end
-  end
-end
+local function save(longest) write_holds({'run', 'next'}, {run, nxt}, longest) end
 
 local function start(lease, retries)
   run = {id = nxt.id, h = holder, u = now + lease, s = nxt.s, q = nxt.q, r = retries}
@@ -94,7 +80,7 @@ end
 if op == 'ask' then
   local sent, wait, max_wait = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
   local lease, retries = tonumber(ARGV[7]), tonumber(ARGV[8])
-  redis.call('HSET', h, 'n', ARGV[9], 'k', ARGV[10])
+  task_key = {ARGV[9], ARGV[10]}
   local by = redis.call('HGET', h, 'b:' .. mid)
   local reply
   if run and run.id == mid then

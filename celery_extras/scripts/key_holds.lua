@@ -10,10 +10,20 @@ local op, mid, holder = ARGV[1], ARGV[2], ARGV[3]
 local DAY = 86400000
 local MAX_CONTEXT = 131072
 
+-- The key's holds, last run, orphans, task and key, read at once: `stored` (absent fields
+-- are nil). `task_key`, set by an ask ({task, key}), is written with the holds if it changed.
+local STORED = {'run', 'wait', 'next', 'last', 'o', 'n', 'k'}
+local stored, task_key = {}, nil
+do
+  local got = redis.call('HMGET', h, unpack(STORED))
+  for i, field in ipairs(STORED) do
+    if got[i] then stored[field] = got[i] end
+  end
+end
 -- A field that is not what this script wrote (garbage, a foreign write) reads as absent,
 -- so a damaged key heals at its next write instead of failing every call.
 local function get(field)
-  local raw = redis.call('HGET', h, field)
+  local raw = stored[field]
   if not raw then return nil end
   local ok, v = pcall(cjson.decode, raw)
   if ok and type(v) == 'table' then return v end
@@ -31,9 +41,6 @@ local function held(field, numbers)
   if type(v.e) ~= 'string' then v.e = nil end
   return v
 end
-local function put(field, v)
-  if v then redis.call('HSET', h, field, cjson.encode(v)) else redis.call('HDEL', h, field) end
-end
 local orphans = {}
 for _, one in ipairs(get('o') or {}) do
   if type(one) == 'string' then table.insert(orphans, one) end
@@ -46,7 +53,47 @@ end
 local function release(id)
   local list = h .. ':c:' .. id
   local ids = redis.call('LRANGE', list, 0, -1)
+  if #ids == 0 then return ids end
   redis.call('DEL', list)
-  for _, one in ipairs(ids) do redis.call('HDEL', h, 'b:' .. one) end
+  for first = 1, #ids, 500 do
+    local fields = {}
+    for i = first, math.min(first + 499, #ids) do table.insert(fields, 'b:' .. ids[i]) end
+    redis.call('HDEL', h, unpack(fields))
+  end
   return ids
+end
+-- Writes the holds (*fields* and their *holds*, nil for none), the orphans and the task and
+-- key, in one HSET and one HDEL (of the fields stored and gone). A key left with no hold and
+-- no last run is deleted; else it, its contexts and its holds' lists are kept a day past the
+-- *longest* lease.
+local function write_holds(fields, holds, longest)
+  local set, gone = {}, {}
+  local function write(field, text)
+    if text then
+      table.insert(set, field)
+      table.insert(set, text)
+    elseif stored[field] then
+      table.insert(gone, field)
+    end
+  end
+  for i, field in ipairs(fields) do write(field, holds[i] and cjson.encode(holds[i])) end
+  write('o', #orphans > 0 and cjson.encode(orphans) or nil)
+  if task_key and (stored.n ~= task_key[1] or stored.k ~= task_key[2]) then
+    write('n', task_key[1])
+    write('k', task_key[2])
+  end
+  if #set > 0 then redis.call('HSET', h, unpack(set)) end
+  if #gone > 0 then redis.call('HDEL', h, unpack(gone)) end
+  local holding = false
+  for i = 1, #fields do holding = holding or holds[i] ~= nil end
+  if not holding and redis.call('HLEN', h) <= 2 then  -- only n, k left (no last)
+    redis.call('DEL', h, x)
+    return
+  end
+  local ttl = DAY + (longest or 0)
+  redis.call('PEXPIRE', h, ttl)
+  redis.call('PEXPIRE', x, ttl)
+  for i = 1, #fields do
+    if holds[i] then redis.call('PEXPIRE', h .. ':c:' .. holds[i].id, ttl) end
+  end
 end
