@@ -12,7 +12,9 @@ the task and its key) and goes on to the pool, or is queued in this gate:
   handed over to the next request here when the store's queue allows), and in the
   others through a release notice (:mod:`~celery_extras.admission.notices`). A queue
   also asks again when the earliest lease runs out (a crashed holder never frees its
-  slot).
+  slot);
+* a global slot freed while the cap is far from binding is kept for this worker's next
+  request of the bucket, which takes it without asking the store (:mod:`.kept_slots`).
 
 The pipeline tells the gate when a request ends, any way; the leases of running
 requests are renewed every third of the lease, so a worker that dies gives its
@@ -22,7 +24,7 @@ slots back when their leases run out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from celery import Celery
@@ -31,7 +33,7 @@ from .. import compat
 from ..admission.gate import QUEUED, RUN, Answer, Gate, HolderIds, Ticket
 from ..admission.notices import ALL, ReleaseNotices
 from ..admission.spec import call_key
-from ..admission.store_round import NO_REPLY, StoreCall
+from ..admission.store_round import NO_REPLY, PASSES, StoreCall
 from ..clock import monotonic
 from ..signals import task_concurrency_limited
 from ..store.client import redis_client, store_key, store_url, store_user
@@ -46,6 +48,12 @@ logger = logging.getLogger("celery_extras.concurrency")
 
 #: Longest a queue goes without asking again, should every notice be lost.
 MAX_RETRY = 5.0
+#: What a worker logs when slots ran past their lease before it renewed them.
+LOST_LEASES = (
+    "celery-extras: %d concurrency slot(s) of %s ran past their lease (%.0f s) before renewal "
+    "and were reclaimed (the worker was blocked or cut off from the store); their tasks keep "
+    "running"
+)
 
 
 class SlotGate(Gate):
@@ -94,11 +102,9 @@ class SlotGate(Gate):
         their slots until they end."""
         for _bucket, ticket in self.queues.drain():
             compat.forget_held(ticket.request)
-        for entry in self._retry.values():
-            entry.cancel()
-        self._retry.clear()
-        for bucket in list(self.store.tickets):
-            self.store.leave(bucket)
+        for bucket in list(self._retry):
+            self._cancel_retry(bucket)
+        self.store.stop()
         self.notices.stop()
 
     def cap(self, name: str) -> int:
@@ -117,21 +123,27 @@ class SlotGate(Gate):
                                       "slots", logger))  # fmt: skip
 
     def arrival_call(self, ticket: Ticket) -> StoreCall | None:
-        """A global slot's take, when the store answers and none of this worker's requests
-        of the bucket waits (they would go first): the bucket and holder id noted."""
+        """A global slot's take when the store answers and no request of the bucket waits
+        here (it goes first), bucket and holder noted; or a kept slot, noted, taken unasked."""
         spec = self.specs[ticket.name]
         if spec.scope != "global" or not self._has_store or not self.health.up():
             return None
         bucket = self._bucket(ticket)
         if self.queues.waiting(bucket):
             return None
-        holder = ticket.holder(self.label, self.store.holder)
-        ticket.notes[self.label] = bucket
-        return self.store.acquire_call(bucket, holder, self.cap(ticket.name), spec.lease, False)
+        kept = self.store.reuse(bucket)  # a slot an earlier request here freed
+        ticket.notes[self.label] = kept or bucket
+        return PASSES if kept else self.store.acquire_call(
+            bucket, ticket.holder(self.label, self.store.holder), self.cap(ticket.name),
+            spec.lease, False)  # fmt: skip
 
     def admit(self, ticket: Ticket) -> Answer:
         spec = self.specs[ticket.name]
-        bucket = ticket.notes.pop(self.label, None) or self._bucket(ticket)
+        noted = ticket.notes.pop(self.label, None)
+        if isinstance(noted, Grant):  # a kept slot (arrival_call)
+            self._granted(ticket, noted)
+            return RUN
+        bucket = noted or self._bucket(ticket)
         reply = ticket.reply(self.label)
         retry = None
         if reply is not NO_REPLY or not self.queues.waiting(bucket):  # a round asked: its take
@@ -186,9 +198,10 @@ class SlotGate(Gate):
         """A global slot's release, when no request of this worker waits for it (it would
         be handed over) and the store answers."""
         grant = self.grants.get(id(ticket.request))
-        if grant is None or grant.source is not self.store or not self.health.up():
+        if (grant is None or grant.source is not self.store or not self.health.up()
+                or self.queues.waiting(grant.bucket)):  # fmt: skip
             return None
-        return None if self.queues.waiting(grant.bucket) else self.store.release_call(grant)
+        return PASSES if self.store.keeps(grant) else self.store.release_call(grant)
 
     def finished(self, ticket: Ticket) -> None:
         """*ticket*'s request ended: free its slot and let the next in its bucket in."""
@@ -202,6 +215,9 @@ class SlotGate(Gate):
         elif grant.source is self.store and self.queues.waiting(grant.bucket) and self.health.up():
             if self._hand_over(grant):
                 return
+        elif (grant.source is self.store and not self.queues.waiting(grant.bucket)
+              and self.store.keep(grant)):  # fmt: skip
+            return  # kept for this worker's next request of the bucket
         else:
             grant.source.release(grant)
         self.wake(grant.bucket)
@@ -223,9 +239,7 @@ class SlotGate(Gate):
 
     def wake(self, bucket: Bucket) -> None:
         """Let *bucket*'s queue in, first come first served, while slots are free."""
-        entry = self._retry.pop(bucket, None)
-        if entry is not None:
-            entry.cancel()
+        self._cancel_retry(bucket)
         while True:
             ticket = self.queues.pop(bucket)
             if ticket is None:
@@ -248,12 +262,15 @@ class SlotGate(Gate):
     def _schedule(self, bucket: Bucket, seconds: float) -> None:
         if self._consumer is None:
             return
-        old = self._retry.pop(bucket, None)
-        if old is not None:
-            old.cancel()
+        self._cancel_retry(bucket)
         self._retry[bucket] = self._consumer.timer.call_after(
             max(seconds, 0.001), self._retry_due, (bucket,), priority=6
         )
+
+    def _cancel_retry(self, bucket: Bucket) -> None:
+        entry = self._retry.pop(bucket, None)
+        if entry is not None:
+            entry.cancel()
 
     def _retry_due(self, bucket: Bucket) -> None:
         self._retry.pop(bucket, None)
@@ -263,15 +280,10 @@ class SlotGate(Gate):
 
     def tick(self) -> None:
         """Renew the leases due (every third of the lease), keep this worker's tickets, and
-        free the store's slots no request uses (see :meth:`StoreSlots.settle`)."""
+        free the store's slots no request uses, kept ones too (see :meth:`StoreSlots.settle`)."""
         for bucket, lease, lost in renew_due(self.grants.values(), self.clock()):
             self.counts["lost_leases"] += lost
-            logger.error(
-                "celery-extras: %d concurrency slot(s) of %s ran past their lease (%.0f s) "
-                "before renewal and were reclaimed (the worker was blocked or cut off from "
-                "the store); their tasks keep running",
-                lost, bucket[0], lease,
-            )  # fmt: skip
+            logger.error(LOST_LEASES, lost, bucket[0], lease)
         for bucket in self.store.keep_tickets(self.queues.waiting):
             self.wake(bucket)
         self.store.settle()
@@ -280,21 +292,25 @@ class SlotGate(Gate):
         return len(self.queues)
 
     def info(self) -> dict[str, Any]:
-        tasks: dict[str, dict[str, Any]] = {}
-        for name, spec in self.specs.items():
-            tasks[name] = {**spec.describe(), "cap": self.cap(name), "holding": 0, "waiting": 0}
-        for grant in self.grants.values():
-            if grant.bucket[0] in tasks:
-                tasks[grant.bucket[0]]["holding"] += 1
-        for bucket in self.queues.buckets():
-            if bucket[0] in tasks:
-                tasks[bucket[0]]["waiting"] += self.queues.waiting(bucket)
+        tasks = {name: {**spec.describe(), "cap": self.cap(name), "holding": 0, "waiting": 0}
+                 for name, spec in self.specs.items()}  # fmt: skip
+        _count(tasks, "holding", ((grant.bucket, 1) for grant in self.grants.values()))
+        _count(tasks, "waiting", ((b, self.queues.waiting(b)) for b in self.queues.buckets()))
         return {
             "tasks": tasks,
             "holding": len(self.grants),
             "waiting": len(self.queues),
+            **self.store.kept.info(),
             **self.counts,
             "store_errors": self.health.errors,
             **self.health.info(),
             "on_store_error": self.on_store_error,
         }
+
+
+def _count(tasks: dict[str, dict[str, Any]], column: str,
+           buckets: Iterable[tuple[Bucket, int]]) -> None:  # fmt: skip
+    """Add each bucket's count to its task's *column* in *tasks*."""
+    for (name, _key), count in buckets:
+        if name in tasks:
+            tasks[name][column] += count

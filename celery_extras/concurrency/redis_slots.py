@@ -123,6 +123,11 @@ class RedisSlots:
         reply = cast("list[Any]", answered(reply))
         return 0.0 if int(reply[0]) else int(reply[2]) / 1000
 
+    @staticmethod
+    def holders(reply: Any) -> int:
+        """The bucket's holders, the take included, from :meth:`acquire`'s *reply*."""
+        return int(cast("list[Any]", reply)[1])
+
     def release(self, name: str, key: str, holder: str) -> bool:
         """Free *holder*'s slot and tell the waiting workers; ``False`` if it held none."""
         found, _ = self.release_call(name, key, holder)()

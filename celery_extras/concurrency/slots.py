@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from ..admission.gate import HolderIds
 from ..admission.store_round import NO_REPLY, StoreCall, answered
 from ..store.health import StoreUser, may_have_been_done
+from .kept_slots import KeptSlots
 from .redis_slots import HANDOVER_PATIENCE, RedisSlots
 from .slot_table import Bucket, SlotTable
 
@@ -112,6 +113,9 @@ class StoreSlots:
         #: whose reply was lost, a release that failed), until when their lease keeps them
         #: (see :meth:`settle`)
         self.unsure: dict[tuple[Bucket, str], float] = {}
+        #: slots freed by this worker's requests, kept for its next ones while the cap is
+        #: far from binding (see :mod:`.kept_slots`)
+        self.kept: KeptSlots[Grant] = KeptSlots(clock)
 
     @property
     def worker(self) -> str:
@@ -143,6 +147,8 @@ class StoreSlots:
             if reply is NO_REPLY:
                 reply = self.acquire_call(bucket, holder, cap, lease, more)()
             wait = self.store.acquired(reply)
+            if wait == 0:
+                self.kept.heard(bucket, self.store.holders(reply), cap)
         except Exception as exc:  # the store may have given the slot: freed when it answers
             self._unsure(exc, bucket, holder, lease)
             self.health.failed(exc)
@@ -175,6 +181,19 @@ class StoreSlots:
             self.tickets.pop(grant.bucket, None)
         return bool(handed)
 
+    def reuse(self, bucket: Bucket) -> Grant | None:
+        """A slot of *bucket* a request of this worker freed, kept for the next, or ``None``."""
+        return self.kept.take(bucket)
+
+    def keeps(self, grant: Grant) -> bool:
+        """Whether *grant*'s slot would be kept (:meth:`keep`) rather than freed."""
+        return self.kept.can_keep(grant.bucket, _renewal_due(grant))
+
+    def keep(self, grant: Grant) -> bool:
+        """Keep *grant*'s slot, freed by its request, for this worker's next request of the
+        bucket; ``False`` when it is to be freed."""
+        return self.kept.keep(grant.bucket, grant, _renewal_due(grant))
+
     def release_call(self, grant: Grant) -> StoreCall:
         """:meth:`release`'s store call, as data."""
         return self.store.release_call(grant.bucket[0], grant.bucket[1], grant.holder)
@@ -195,9 +214,11 @@ class StoreSlots:
             self.unsure[(bucket, holder)] = self.clock() + lease
 
     def settle(self) -> None:
-        """Free the slots the store may hold though no request uses them (:attr:`unsure`),
-        once it answers again: a slot lost with its reply is not kept until its lease ends
-        (a key of one slot would wait that long). Those past their lease are forgotten."""
+        """Free the slots the store may hold though no request uses them: the kept ones no
+        longer to be kept (:meth:`keep`), and (:attr:`unsure`), once it answers again, those
+        whose reply was lost: such a slot is not kept until its lease ends (a key of one
+        slot would wait that long). Those past their lease are forgotten."""
+        self._free(self.kept.stale())
         now = self.clock()
         for (bucket, holder), until in list(self.unsure.items()):
             if until <= now:
@@ -222,6 +243,21 @@ class StoreSlots:
         except Exception as exc:
             self.health.failed(exc)
             return None
+
+    def stop(self) -> None:
+        """The worker's consumer stops: its tickets are dropped and its kept slots freed."""
+        for bucket in list(self.tickets):
+            self.leave(bucket)
+        self._free(self.kept.drain())
+
+    def _free(self, grants: Iterable[Grant]) -> None:
+        """Free *grants*, slots no request uses, while the store answers; those it cannot
+        be asked about now are freed once it answers again (:meth:`settle`)."""
+        for grant in grants:
+            if self.health.up():
+                self.release(grant)
+            else:
+                self.unsure[(grant.bucket, grant.holder)] = grant.renewed + grant.lease
 
     def leave(self, bucket: Bucket) -> None:
         """This worker waits for nothing more in *bucket*: drop its ticket."""
@@ -268,13 +304,18 @@ class StoreSlots:
             return None
 
 
+def _renewal_due(grant: Grant) -> float:
+    """When *grant*'s lease is next renewed (every third of it)."""
+    return grant.renewed + grant.lease / 3
+
+
 def renew_due(grants: Iterable[Grant], now: float) -> list[tuple[Bucket, float, int]]:
     """Renew the leases of *grants* that are due (every third of the lease), one call per
     bucket and source: each bucket where some had run out, with its lease and how many
     (a source that was not asked renews them at the next call)."""
     due: dict[tuple[Bucket, SlotSource], list[Grant]] = {}
     for grant in grants:
-        if now - grant.renewed >= grant.lease / 3:
+        if now >= _renewal_due(grant):
             due.setdefault((grant.bucket, grant.source), []).append(grant)
     lost_in: list[tuple[Bucket, float, int]] = []
     for (bucket, source), due_grants in due.items():

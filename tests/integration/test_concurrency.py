@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from celery_extras.concurrency.redis_slots import RedisSlots
+from celery_extras.store.client import redis_client, store_key
 from tests.integration.conftest import (
     RESTORE_AFTER_8S,
     Cluster,
@@ -203,6 +205,34 @@ def test_every_ending_frees_the_slot(
     assert starts.count("retry") == 2  # the retry ran again, and freed the slot each time
     wait_for(lambda: slots_info(cluster, worker).get("holding") == 0, timeout=10)
     assert "ended unseen" not in worker.log()
+
+
+def test_a_cap_far_from_binding_keeps_freed_slots_for_the_workers_next_runs(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """concurrency(1000, scope="global"), 200 queued tasks on one worker: a slot a run frees
+    is kept for the worker's next run instead of going back to the store, and most runs
+    take one unasked; once the worker has nothing left to run, and as it stops, the kept
+    slots go back to the store."""
+    cluster.configure(include=INCLUDE)
+    worker = cluster.worker("w1", concurrency=2)
+    name = "tests.concurrency.roomy"
+    slots = RedisSlots(redis_client(cluster.app), store_key(cluster.app))
+
+    for i in range(200):
+        send(name, i)
+    wait_for(lambda: len(ends(journal, name)) >= 200, timeout=60, interval=0.2, what="200 runs")
+    assert sorted(e["tag"] for e in ends(journal, name)) == list(range(200))
+    info = slots_info(cluster, worker)
+    assert info["admitted"] == 200 and info["reused"] >= 100, info
+    wait_for(lambda: slots.holding(name) == 0 and slots_info(cluster, worker)["kept"] == 0,
+             timeout=10, what="the kept slots freed")  # fmt: skip
+
+    for i in range(200, 240):
+        send(name, i)
+    wait_for(lambda: len(ends(journal, name)) >= 240, timeout=60, interval=0.2, what="240 runs")
+    worker.stop()
+    assert slots.holding(name) == 0
 
 
 def test_cli_changes_the_cap_on_every_worker_and_resets_it(

@@ -13,7 +13,7 @@ from celery_extras import coalesce, concurrency, limit
 
 from .journal import Journal
 
-__all__ = ["all_gates", "crash2", "endings", "global2", "per_key1"]
+__all__ = ["all_gates", "crash2", "endings", "global2", "per_key1", "roomy"]
 
 
 def _run(task: Task, seconds: float, **fields: Any) -> None:
@@ -37,6 +37,14 @@ def global2(self: Task, tag: Any = None, seconds: float = 0.2) -> Any:
 @shared_task(bind=True, name="tests.concurrency.per_key1")
 def per_key1(self: Task, customer: str, tag: Any = None) -> Any:
     _run(self, 0.2, tag=tag, customer=customer)
+    return tag
+
+
+@concurrency(1000, scope="global")
+@shared_task(bind=True, name="tests.concurrency.roomy", ignore_result=True)
+def roomy(self: Task, tag: Any = None) -> Any:
+    """A global cap far from binding: a slot a run frees is kept for the worker's next."""
+    _run(self, 0.0, tag=tag)
     return tag
 
 

@@ -21,6 +21,7 @@ from celery_extras.admission.gate import HolderIds
 from celery_extras.admission.pipeline import Pipeline
 from celery_extras.admission.registry import TaskPolicies, policies_of
 from celery_extras.concurrency.gate import SlotGate
+from celery_extras.concurrency.kept_slots import FRESH
 from celery_extras.concurrency.slot_table import SlotTable, WaitQueues
 from celery_extras.concurrency.slots import Grant, StoreSlots
 from celery_extras.concurrency.spec import ConcurrencySpec
@@ -350,6 +351,9 @@ class LosingSlots:
     def acquired(self, reply: Any) -> float:
         return float(reply)
 
+    def holders(self, reply: Any) -> int:
+        return len(self.held)
+
     def release(self, name: str, key: str, holder: str) -> bool:
         if self.failing_release:
             raise StoreTimeout("no reply from the store in 0.25 s")
@@ -360,6 +364,39 @@ class LosingSlots:
 
     def release_call(self, name: str, key: str, holder: str) -> Any:
         return lambda: self.release(name, key, holder)
+
+
+def test_a_kept_slot_goes_to_the_next_request_and_back_once_stale_when_the_store_answers() -> None:
+    """A slot freed while the store says its bucket is roomy is kept for the worker's next
+    request (taken unasked); once the store's word is stale it goes back, and when the
+    store does not answer then, it is freed once it does (not left until its lease ends)."""
+    clock = FakeClock(100.0)
+    app = make_app("unit-kept")
+    health = store_user(app, logging.getLogger("t"), "concurrency slots", "-", clock)
+    redis = LosingSlots()
+    slots = StoreSlots(lambda: redis, health, HolderIds(), clock)  # type: ignore[arg-type,return-value]
+    b = ("t", "")
+
+    assert slots.acquire(b, "h1", 100, 30.0, more=False) == 0.0  # 1 of 100 held: roomy
+    grant = Grant(b, "h1", slots, 30.0, clock.now)
+    assert slots.keep(grant) and slots.reuse(b) is grant and slots.reuse(b) is None
+    assert slots.keep(grant)
+    clock.now += FRESH / 2
+    slots.settle()
+    assert redis.freed == [] and slots.reuse(b) is grant  # still fresh: kept, given out
+    assert slots.keep(grant)
+    clock.now += FRESH
+    redis.failing_release = True
+    slots.settle()  # stale: given back, but the store does not answer
+    assert redis.freed == [] and slots.unsure == {(b, "h1"): clock.now + 30.0}
+    assert slots.reuse(b) is None
+    redis.failing_release = False
+    clock.now += 1.5
+    slots.settle()
+    assert redis.freed == ["h1"] and slots.unsure == {}
+
+    assert slots.acquire(b, "h2", 3, 30.0, more=False) == 0.0  # a cap under MIN_CAP
+    assert not slots.keep(Grant(b, "h2", slots, 30.0, clock.now))
 
 
 def test_a_slot_the_store_may_hold_for_nobody_is_freed_once_it_answers() -> None:
