@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Row", "markdown", "median_of", "render"]
+__all__ = ["MEASURED_ON", "TABLE_HEADER", "Row", "markdown", "median_of", "render"]
 
 
 @dataclass(frozen=True)
@@ -56,13 +56,18 @@ def render(rows: Sequence[Row]) -> str:
     return "\n".join(lines + (["notes:", *notes] if notes else []))
 
 
+#: What the table's Markdown opens with, then its header line.
+MEASURED_ON = "Measured on "
+TABLE_HEADER = "| figure | unit | plain Celery | celery-extras | ratio | target | met | runs |"
+
+
 def markdown(rows: Sequence[Row]) -> str:
     """The table as Markdown, with the machine it ran on."""
     out = [
-        f"Measured on {platform.node()}: {platform.processor() or platform.machine()}, "
+        f"{MEASURED_ON}{platform.node()}: {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}.",
         "",
-        "| figure | unit | plain Celery | celery-extras | ratio | target | met | runs |",
+        TABLE_HEADER,
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

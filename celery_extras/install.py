@@ -7,6 +7,7 @@ bootsteps and hooks to the app. Calling it again only re-applies options.
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections.abc import Iterator
@@ -68,6 +69,7 @@ def all_settings() -> Iterator[Setting[Any]]:
         yield from capability.settings
 
 
+@functools.cache
 def _version() -> str:
     try:
         return distribution_version("celery-extras")

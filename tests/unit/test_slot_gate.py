@@ -366,15 +366,21 @@ class LosingSlots:
         return lambda: self.release(name, key, holder)
 
 
+def losing_slots(app_name: str) -> tuple[FakeClock, LosingSlots, StoreSlots]:
+    """A worker's global slots on a :class:`LosingSlots` store, at 100 s of a fake clock."""
+    clock = FakeClock(100.0)
+    health = store_user(make_app(app_name), logging.getLogger("t"), "concurrency slots", "-",
+                        clock)  # fmt: skip
+    redis = LosingSlots()
+    slots = StoreSlots(lambda: redis, health, HolderIds(), clock)  # type: ignore[arg-type,return-value]
+    return clock, redis, slots
+
+
 def test_a_kept_slot_goes_to_the_next_request_and_back_once_stale_when_the_store_answers() -> None:
     """A slot freed while the store says its bucket is roomy is kept for the worker's next
     request (taken unasked); once the store's word is stale it goes back, and when the
     store does not answer then, it is freed once it does (not left until its lease ends)."""
-    clock = FakeClock(100.0)
-    app = make_app("unit-kept")
-    health = store_user(app, logging.getLogger("t"), "concurrency slots", "-", clock)
-    redis = LosingSlots()
-    slots = StoreSlots(lambda: redis, health, HolderIds(), clock)  # type: ignore[arg-type,return-value]
+    clock, redis, slots = losing_slots("unit-kept")
     b = ("t", "")
 
     assert slots.acquire(b, "h1", 100, 30.0, more=False) == 0.0  # 1 of 100 held: roomy
@@ -404,11 +410,7 @@ def test_a_slot_the_store_may_hold_for_nobody_is_freed_once_it_answers() -> None
     though no request uses it: freed (``settle``) once the store answers, not kept until
     its lease ends; one asked again under its holder and answered is in use, not freed;
     one past its lease is forgotten; a take the store refused the connection to did nothing."""
-    clock = FakeClock(100.0)
-    app = make_app("unit-settle")
-    health = store_user(app, logging.getLogger("t"), "concurrency slots", "-", clock)
-    redis = LosingSlots()
-    slots = StoreSlots(lambda: redis, health, HolderIds(), clock)  # type: ignore[arg-type,return-value]
+    clock, redis, slots = losing_slots("unit-settle")
     b = ("t", "")
 
     redis.losing = True
