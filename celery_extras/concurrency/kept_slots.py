@@ -5,8 +5,8 @@ as it arrives and a release as it ends. While the store's last answer about a bu
 (at most :data:`FRESH` seconds old) said that at most a quarter of its cap was held, a
 slot a request of this worker frees is kept here, and the bucket's next arrival in this
 worker takes it without asking. The store still counts a kept slot as held, so no cap is
-ever exceeded; and none is kept while another worker could be short of one (a quarter of
-the cap left free at least). Kept slots whose word went stale are handed back to be
+ever exceeded; and none is kept while another worker could be short of one (three
+quarters of the cap were free). Kept slots whose word went stale are handed back to be
 freed. No Celery import; an injectable clock.
 """
 
@@ -72,7 +72,7 @@ class KeptSlots(Generic[S]):
             return None
         slot, until = kept[-1]
         if until <= now:
-            return None  # the newest is due for renewal: so are the others (stale())
+            return None  # due for renewal: stale() hands it back, the store is asked
         kept.pop()
         if not kept:
             del self._kept[bucket]
