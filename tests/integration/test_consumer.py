@@ -93,8 +93,11 @@ def run_weighted_through_a_restart(cluster: Cluster, journal: Journal, broker: R
         broker_transport_options={"visibility_timeout": 5, "unacked_restore_interval": 1},
     )
     # Enough of each that both queues are still backlogged for 200 runs after the restart,
-    # however long stopping the broker lets the worker go on (one second is 100 runs).
-    ids = set(publish(cluster, "a", 500, seconds=0.01) + publish(cluster, "b", 500, 0.01))
+    # however long stopping the broker lets the worker go on (one second is 100 runs): the
+    # weights drain "a" three times as fast, so it has three times as many, and both last
+    # 1,600 runs (with 500 of each, "a" ran dry by the 667th, and a slow RabbitMQ restart
+    # in CI let the worker run over 460 before the measure began).
+    ids = set(publish(cluster, "a", 1200, seconds=0.01) + publish(cluster, "b", 400, 0.01))
     worker = cluster.worker("w1", queues=queues)
     wait_for(lambda: len(journal) >= 100, timeout=60, what="the run to be under way")
     broker.restart()
