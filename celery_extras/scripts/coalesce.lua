@@ -25,9 +25,7 @@ local function hold(field) return held(field, {'c', 'r'}) end
 -- The contexts of *ids* ('' where none), taken out of the key.
 local function take_contexts(ids)
   local contexts = {}
-  for first = 1, #ids, 500 do
-    local batch = {}
-    for i = first, math.min(first + 499, #ids) do table.insert(batch, ids[i]) end
+  for _, batch in ipairs(batches(ids, '')) do
     local got = redis.call('HMGET', x, unpack(batch))
     for i = 1, #batch do table.insert(contexts, got[i] or '') end
     redis.call('HDEL', x, unpack(batch))

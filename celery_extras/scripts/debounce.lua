@@ -46,9 +46,7 @@ end
 -- The contexts of *ids* (false where unconfirmed), in batches.
 local function contexts_of(ids)
   local contexts = {}
-  for first = 1, #ids, 500 do
-    local batch = {}
-    for i = first, math.min(first + 499, #ids) do table.insert(batch, ids[i]) end
+  for _, batch in ipairs(batches(ids, '')) do
     local got = redis.call('HMGET', x, unpack(batch))
     for i = 1, #batch do table.insert(contexts, got[i]) end
   end

@@ -49,17 +49,23 @@ local function orphaned(id)
   for i, o in ipairs(orphans) do if o == id then return i end end
   return nil
 end
+-- *ids*, each after *prefix*, in runs of at most 500 (the arguments of one command).
+local function batches(ids, prefix)
+  local out = {}
+  for first = 1, #ids, 500 do
+    local batch = {}
+    for i = first, math.min(first + 499, #ids) do table.insert(batch, prefix .. ids[i]) end
+    table.insert(out, batch)
+  end
+  return out
+end
 -- The ids *id* covers, forgotten here (its list and their b: fields).
 local function release(id)
   local list = h .. ':c:' .. id
   local ids = redis.call('LRANGE', list, 0, -1)
   if #ids == 0 then return ids end
   redis.call('DEL', list)
-  for first = 1, #ids, 500 do
-    local fields = {}
-    for i = first, math.min(first + 499, #ids) do table.insert(fields, 'b:' .. ids[i]) end
-    redis.call('HDEL', h, unpack(fields))
-  end
+  for _, fields in ipairs(batches(ids, 'b:')) do redis.call('HDEL', h, unpack(fields)) end
   return ids
 end
 -- Writes the holds (*fields* and their *holds*, nil for none), the orphans and the task and
