@@ -110,7 +110,8 @@ def context_of(request: Any) -> dict[str, Any]:
 def encode_context(context: Mapping[str, Any]) -> str:
     """*context* as JSON text of at most :data:`MAX_CONTEXT` bytes (the arguments left out
     if need be); ``""`` (logged) when it cannot be: the message then gets its result only."""
-    for candidate in (context, {k: v for k, v in context.items() if k not in _BULKY}):
+    for lean in (False, True):  # the arguments left out only when the whole is too large
+        candidate = {k: v for k, v in context.items() if k not in _BULKY} if lean else context
         try:
             text = str(kombu_json.dumps(candidate))
         except Exception as exc:
@@ -120,7 +121,7 @@ def encode_context(context: Mapping[str, Any]) -> str:
                 context.get("id"), exc,
             )  # fmt: skip
             return ""
-        if len(text.encode()) <= MAX_CONTEXT:
+        if len(text) <= MAX_CONTEXT // 4 or len(text.encode()) <= MAX_CONTEXT:  # <= 4 B a char
             return text
     logger.warning(
         "celery-extras: the ending of covered message %s is over %d bytes without its "

@@ -56,7 +56,8 @@ class Rounds:
             then(ticket)
 
         # no line on a Redis Cluster: any calls join
-        line.send(*self._rounds(ticket.consumer.app).command(calls), answer)
+        line.send(*self._rounds(ticket.consumer.app).command(calls), answer,
+                  may_wait=all(call.may_wait for call in calls))  # fmt: skip
         return True
 
     def start(self, consumer: Any) -> None:
@@ -107,7 +108,8 @@ class Rounds:
                     hub.remove_reader(fd)
 
             timeout = settings_of(consumer.app)[STORE_TIMEOUT]
-            self.line = StoreLine(client, watch, timeout, counts=self.counts)
+            self.line = StoreLine(client, watch, timeout, counts=self.counts,
+                                  later=hub.call_later)  # fmt: skip
             self._hub = hub
             hub.on_tick.add(self.line.flush)  # one write a turn, before the loop polls
         return self.line

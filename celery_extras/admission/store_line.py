@@ -10,6 +10,18 @@ turn (a message, the pool's results, the replies of the last write) and those se
 a write is answered go out together, as one write of several ``EVALSHA``. A busy worker
 admits several tasks per round trip, and the loop never waits on the store.
 
+A round that *may wait* (:attr:`.StoreCall.may_wait`: a coalescing hold's ask or finish)
+goes at least :data:`WRITE_GAP` after the line's last write: with the next write of a
+round that may not wait, or on a timer of the loop, as Nagle's algorithm gathers a
+socket's small writes. On the Redis broker a worker's loop receives one message a turn,
+so without the gap a busy worker would write once a task; with it, a write carries the
+arrivals and endings of a few milliseconds, and the store and the worker serve a
+fraction of the round trips (a store's per-request work, a worker's send, poll and read,
+cost more than a round's script). At a few writes a second nothing waits. A limit's
+booking never waits (while it is out, each arrival of its bucket books its own instead
+of spending the calls it books ahead), nor does a slot's (a worker elsewhere may be
+queued for a release), nor a finish a run of the key waits for on this worker.
+
 A round the line cannot make (no connection, a reset) is answered :data:`NO_REPLY`: its
 gates then ask the store alone, through the client and its retry, as when no round is
 made. A write unanswered within the store's timeout is answered with the timeout, as a
@@ -19,6 +31,7 @@ call that timed out would have been. No Celery import.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -36,9 +49,14 @@ try:  # a write's commands packed in C, without redis-py's per-argument checks
 except ImportError:  # hiredis before 2.1: redis-py packs them
     _pack_command = None  # type: ignore[assignment]
 
-__all__ = ["StoreLine"]
+__all__ = ["WRITE_GAP", "StoreLine"]
 
 logger = logging.getLogger(__name__)
+
+#: Least seconds from a line's last write to one of rounds that may wait, on a line with a
+#: timer (see the module's text): at most this much more wait for such a round, and only
+#: while the line writes more often.
+WRITE_GAP = 0.005
 
 #: What :meth:`StoreLine._read` gives for a script the store does not have (``NOSCRIPT``).
 _LOST_SCRIPT: Any = object()
@@ -56,7 +74,10 @@ class _Round:
 class StoreLine:
     """Rounds of one loop (*watch*: ``(fd, callback)`` registers a reader, ``(fd, None)``
     removes it; the loop calls :meth:`flush` once a turn) on a connection of *client*'s
-    pool; a write unanswered after *timeout* seconds fails (see :meth:`tick`)."""
+    pool; a write unanswered after *timeout* seconds fails (see :meth:`tick`). With
+    *later* (``(seconds, callback)``: a timer of the loop), rounds that may wait go *gap*
+    seconds after the last write at the earliest; without, every turn's rounds go at its
+    end."""
 
     def __init__(
         self,
@@ -65,11 +86,18 @@ class StoreLine:
         timeout: float,
         clock: Callable[[], float] = time.monotonic,
         counts: Counter[str] | None = None,
+        later: Callable[[float, Callable[[], None]], Any] | None = None,
+        gap: float = WRITE_GAP,
     ) -> None:
         self.client = client
         self.watch = watch
         self.timeout = timeout
         self.clock = clock  # real time: a socket's wait, whatever clock the tasks see
+        self.later = later
+        self.gap = gap
+        self._written = -math.inf  # when the last write went
+        self._due = math.inf  # when the rounds queued may be written
+        self._timed = False  # a timer of the loop is to flush
         #: rounds written, writes, connections lost (*counts*: added to a caller's counter)
         self.counts: Counter[str] = Counter() if counts is None else counts
         self._connection: Any = None
@@ -80,20 +108,33 @@ class StoreLine:
 
     def send(
         self, script: StoreScript, keys: Sequence[str], args: Sequence[Any],
-        answer: Callable[[Any], None],
+        answer: Callable[[Any], None], may_wait: bool = False,
     ) -> None:  # fmt: skip
         """Make *script*'s call (the time first when it is timed, now) with the next
-        write (:meth:`flush`) and call *answer* with its reply, the
-        :class:`~redis.exceptions.ResponseError` it raised, a timeout, or
-        :data:`NO_REPLY`, later, from the loop."""
+        write (:meth:`flush`; if it *may_wait*, not before the gap) and call *answer*
+        with its reply, the :class:`~redis.exceptions.ResponseError` it raised, a
+        timeout, or :data:`NO_REPLY`, later, from the loop."""
         command = ("EVALSHA", script.sha, len(keys), *keys, *script.args(args))
         self._queued.append(_Round(script, command, answer))
+        self._due = min(self._due, self._written + self.gap if may_wait else -math.inf)
 
     def flush(self) -> None:
         """The loop's turn ends (it is about to poll): the rounds queued go, as one write,
-        unless a write is out (they go once its replies are in)."""
-        if self._queued and not self._sent:
+        unless a write is out (they go once its replies are in) or every one queued may
+        wait and the last write went less than the gap ago (they go when it has passed,
+        on the loop's timer, or with a round that may not wait)."""
+        if not self._queued or self._sent:
+            return
+        wait = self._due - self.clock()
+        if wait <= 0 or self.later is None:
             self._write()
+        elif not self._timed:
+            self._timed = True
+            self.later(wait, self._gap_passed)
+
+    def _gap_passed(self) -> None:
+        self._timed = False
+        self.flush()
 
     def in_flight(self) -> int:
         """Rounds written or waiting to be, unanswered."""
@@ -148,6 +189,7 @@ class StoreLine:
         rounds, self._queued = self._queued, []
         if not rounds:
             return
+        self._due = math.inf
         try:
             connection = self._connect()
             commands = [r.command for r in rounds]
@@ -158,7 +200,8 @@ class StoreLine:
             self._lost(exc)
             self._answer(rounds, [NO_REPLY] * len(rounds))
             return
-        self._sent, self._since = rounds, self.clock()
+        self._sent = rounds
+        self._since = self._written = self.clock()
         self.counts["rounds"] += len(rounds)
         self.counts["writes"] += 1
 

@@ -50,12 +50,15 @@ PASSES: Any = object()
 class StoreCall:
     """One script call a gate would make: its script, keys and arguments (the time, first
     for a timed script, is the round's), and *passes*, a Lua expression of ``reply``
-    true when the gate lets the task on, so that the next gate's call runs."""
+    true when the gate lets the task on, so that the next gate's call runs. A round of
+    calls that all *may_wait* may go a few milliseconds later, with other rounds (see
+    :mod:`.store_line`): calls whose replies no other task's admission waits for."""
 
     script: StoreScript
     keys: tuple[str, ...]
     args: tuple[Any, ...]
     passes: str = ALWAYS
+    may_wait: bool = False
 
     def __call__(self) -> Any:
         """Make the call alone."""

@@ -155,7 +155,8 @@ class CoalesceGate(Gate):
             return None
         holding = ticket.notes[self.label] = new_holding(ticket, self.specs[ticket.name],
                                                          self.holders, self.clock())  # fmt: skip
-        return self.holds.ask_call(holding.bucket, *self._question(ticket, holding))
+        return self.holds.ask_call(holding.bucket, *self._question(ticket, holding),
+                                   may_wait=True)  # fmt: skip
 
     def _question(self, ticket: Ticket, holding: CoalesceHolding) -> Question:
         """What the holds are asked of *ticket*, now."""
@@ -228,11 +229,13 @@ class CoalesceGate(Gate):
         self.endings.schedule(self._consumer, name, by, covered_messages(done), known=known)
 
     def ending_call(self, ticket: Ticket) -> StoreCall | None:
-        """The store's finish of a run that ended (not retrying), if the store may answer."""
+        """The store's finish of a run that ended (not retrying), if the store may answer
+        (a call that may wait, unless a run of its key waits here)."""
         holding = self.runs.get(ticket)
         if holding is None or ticket.retry_in is not None or not self.holds.joins_rounds():
             return None
-        return self.holds.finish_call(holding.bucket, ticket.request.id, holding.holder)
+        return self.holds.finish_call(holding.bucket, ticket.request.id, holding.holder,
+                                      may_wait=holding.bucket not in self.waiting)  # fmt: skip
 
     def finished(self, ticket: Ticket) -> None:
         """The run ended: free its key (or keep it for its retry), copy its result to what
@@ -248,7 +251,8 @@ class CoalesceGate(Gate):
         )
         if done is None:
             return
-        self._end_covered(ticket.name, ticket.request.id, done, known_outcome(ticket))
+        if done.covered:
+            self._end_covered(ticket.name, ticket.request.id, done, known_outcome(ticket))
         if done.parked:
             self._pipeline.hurry(self._consumer, done.parked, "a parked coalesced run")
         if holding.bucket in self.waiting:

@@ -57,13 +57,16 @@ class Holds(KeyHolds[CoalesceHolds]):
                                           context))  # fmt: skip
 
     def ask_call(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
-                 keep: str, retries: int, context: str = "") -> StoreCall:  # fmt: skip
+                 keep: str, retries: int, context: str = "", may_wait: bool = False
+                 ) -> StoreCall:  # fmt: skip
         """The store's ask, as data (for a round: :meth:`joins_rounds`)."""
-        return self._redis().ask_call(bucket, mid, sent, holder, lease, keep, retries, context)
+        return self._redis().ask_call(bucket, mid, sent, holder, lease, keep, retries, context,
+                                      may_wait)  # fmt: skip
 
-    def finish_call(self, bucket: Bucket, mid: str, holder: str) -> StoreCall:
+    def finish_call(self, bucket: Bucket, mid: str, holder: str,
+                    may_wait: bool = False) -> StoreCall:  # fmt: skip
         """The store's finish, as data (for a round: :meth:`joins_rounds`)."""
-        return self._redis().finish_call(bucket, mid, holder)
+        return self._redis().finish_call(bucket, mid, holder, may_wait)
 
     def _redis(self) -> RedisHolds:
         return cast("RedisHolds", self.store)

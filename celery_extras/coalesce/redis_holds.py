@@ -39,14 +39,17 @@ class RedisHolds(RedisKeyHolds):
     def __init__(self, client: Any, prefix: str) -> None:
         super().__init__(client, prefix, "coalesce", SCRIPT)
 
-    def _data(self, bucket: Bucket, *args: Any, passes: str = ALWAYS) -> StoreCall:
-        return StoreCall(self._script, (self.hash_key(*bucket),), args, passes)
+    def _data(self, bucket: Bucket, *args: Any, passes: str = ALWAYS,
+              may_wait: bool = False) -> StoreCall:  # fmt: skip
+        return StoreCall(self._script, (self.hash_key(*bucket),), args, passes, may_wait)
 
     def ask_call(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
-                 keep: str, retries: int, context: str = "") -> StoreCall:  # fmt: skip
+                 keep: str, retries: int, context: str = "", may_wait: bool = False
+                 ) -> StoreCall:  # fmt: skip
         """:meth:`ask`'s script call, as data: it passes when the message runs."""
         return self._data(bucket, "ask", mid, holder, _sent_ms(sent), ms(lease), keep,
-                          retries, *bucket, context, passes="reply[1] == 'run'")  # fmt: skip
+                          retries, *bucket, context, passes="reply[1] == 'run'",
+                          may_wait=may_wait)  # fmt: skip
 
     def ask(self, bucket: Bucket, mid: str, sent: float, holder: str, lease: float,
             keep: str, retries: int, context: str = "") -> CoalesceVerdict:  # fmt: skip
@@ -63,9 +66,10 @@ class RedisHolds(RedisKeyHolds):
         ended = len(reply) > 3 and int(reply[3]) == 1
         return CoalesceVerdict(cast("Any", text(reply[0])), text(reply[1]), due, ended)
 
-    def finish_call(self, bucket: Bucket, mid: str, holder: str) -> StoreCall:
-        """:meth:`finish`'s script call, as data."""
-        return self._data(bucket, "finish", mid, holder)
+    def finish_call(self, bucket: Bucket, mid: str, holder: str,
+                    may_wait: bool = False) -> StoreCall:  # fmt: skip
+        """:meth:`finish`'s script call, as data (see :attr:`StoreCall.may_wait`)."""
+        return self._data(bucket, "finish", mid, holder, may_wait=may_wait)
 
     def finish(self, bucket: Bucket, mid: str, holder: str) -> CoalesceFinished | None:
         """Run *mid* ended: what it covered (a run waiting is told through the channel), or

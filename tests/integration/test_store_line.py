@@ -1,7 +1,8 @@
 """The admission line (``admission/store_line.py``) on a real Redis, driven as the worker's
 event loop drives it: rounds go out as one write when the loop's turn ends (before it
-polls); the socket, polled here, says when replies are in; rounds sent meanwhile go out
-together with the next turn. And each way a store fails it: a script
+polls), those that may wait the gap after the last write at the earliest (on the loop's
+timer, or with one that may not wait); the socket, polled here, says when replies are in;
+rounds sent meanwhile go out together with the next turn. And each way a store fails it: a script
 it lost, a Lua error, a store that does not answer, one that refuses connections, one that
 closes the connection. No worker and no broker here."""
 
@@ -107,6 +108,58 @@ def test_rounds_of_a_turn_and_those_sent_while_one_is_out_go_as_one_write_each(
     wait_for(lambda: loop.turn(0.1) and len(answers.got) == 5, timeout=5, what="2 replies")
     assert answers.got == [1, 3, 13, 113, 1113]
     assert line.counts == {"rounds": 5, "writes": 3}
+    line.close()
+    assert loop.readers == {}
+
+
+class Timers:
+    """The loop's timers (``call_later``), and a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.due: list[tuple[float, Callable[[], None]]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def later(self, seconds: float, callback: Callable[[], None]) -> None:
+        self.due.append((seconds, callback))
+
+
+def test_rounds_that_may_wait_go_the_gap_after_the_last_write_or_with_one_that_may_not(
+    key: str,
+) -> None:
+    client, loop, answers, timers = store_client(REDIS_URL), Loop(), Answers(), Timers()
+    add = register(client, ADD)
+    add(keys=[key], args=[0])
+    line = StoreLine(client, loop.watch, 1.0, clock=timers.clock, later=timers.later, gap=0.005)
+    loop.on_tick.append(line.flush)
+    line.send(add, [key], [1], answers, may_wait=True)
+    assert loop.turn() == 1  # no write before it: it goes as its turn ends
+    assert answers.got == [1] and line.counts == {"rounds": 1, "writes": 1}
+    timers.now += 0.002
+    line.send(add, [key], [2], answers, may_wait=True)
+    assert loop.turn(0.05) == 0  # 2 ms after the last write: it waits the gap's rest
+    line.send(add, [key], [3], answers, may_wait=True)
+    assert loop.turn(0.05) == 0  # the next turn's waits with it
+    assert line.counts == {"rounds": 1, "writes": 1} and line.in_flight() == 2
+    assert [round(seconds, 6) for seconds, _ in timers.due] == [0.003]  # one timer
+    line.send(add, [key], [4], answers)  # one that may not wait: all three go at once
+    assert loop.turn() == 1
+    assert answers.got == [1, 3, 6, 10] and line.counts == {"rounds": 4, "writes": 2}
+    timers.now += 0.0031
+    timers.due.pop()[1]()  # the timer: nothing left to write
+    assert line.counts == {"rounds": 4, "writes": 2}
+    timers.now += 0.001  # 4.1 ms after the last write
+    line.send(add, [key], [5], answers, may_wait=True)
+    assert loop.turn(0.05) == 0 and [round(s, 6) for s, _ in timers.due] == [0.0009]
+    timers.now += 0.001
+    timers.due.pop()[1]()  # the gap passed: the loop's timer writes it
+    assert line.counts == {"rounds": 5, "writes": 3}
+    assert loop.turn() == 1 and answers.got == [1, 3, 6, 10, 15]
+    timers.now += 0.010  # a quiet spell: the next goes as its turn ends, no timer
+    line.send(add, [key], [6], answers, may_wait=True)
+    assert loop.turn() == 1 and answers.got == [1, 3, 6, 10, 15, 21] and timers.due == []
     line.close()
     assert loop.readers == {}
 
