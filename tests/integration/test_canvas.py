@@ -167,6 +167,11 @@ def test_each_column_made_its_tasks_wait_as_its_policy_says(canvas: Cluster) -> 
         group_row(canvas, column, "")
     limited = group(step(canvas.app, "limited", i) for i in range(5))  # the last waits 0.8 s
     assert limited.apply_async().get(timeout=60) == [1, 2, 3, 4, 5]
+    # four messages of one key, sent within the first's 50 ms run: sent before it started,
+    # one is covered by it; after, the first is the key's waiting run and covers the rest
+    # (the group row's two of a key may arrive either side of the first run's start)
+    coalesced = group(step(canvas.app, "coalesced", 7) for _ in range(4))
+    assert coalesced.apply_async().get(timeout=60) == [8, 8, 8, 8]
 
     def acted() -> dict[str, int]:
         stats = canvas.app.control.inspect(timeout=2).stats() or {}
