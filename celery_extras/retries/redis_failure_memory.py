@@ -29,12 +29,12 @@ class RedisCounts:
         pipe.incr(self.key(item))
         pipe.pexpire(self.key(item), self.ttl_ms)
         count, _ = pipe.execute()
-        return int(count)
+        return max(1, int(count))  # a negative count stored (not ours) counts this failure
 
     def get(self, item: str) -> int:
         raw = self.client.get(self.key(item))
-        try:
-            return int(raw) if raw is not None else 0
+        try:  # a negative count is not ours either: no failure remembered
+            return max(0, int(raw)) if raw is not None else 0
         except ValueError:  # not ours: treat as no memory rather than fail the task
             return 0
 
