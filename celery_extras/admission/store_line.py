@@ -64,11 +64,12 @@ _LOST_SCRIPT: Any = object()
 
 @dataclass
 class _Round:
-    """One script call of the line and whom to tell its reply."""
+    """One script call of the line, whom to tell its reply, and whether it may wait."""
 
     script: StoreScript
     command: tuple[Any, ...]
     answer: Callable[[Any], None]
+    may_wait: bool = False
 
 
 class StoreLine:
@@ -96,7 +97,6 @@ class StoreLine:
         self.later = later
         self.gap = gap
         self._written = -math.inf  # when the last write went
-        self._due = math.inf  # when the rounds queued may be written
         self._timed = False  # a timer of the loop is to flush
         #: rounds written, writes, connections lost (*counts*: added to a caller's counter)
         self.counts: Counter[str] = Counter() if counts is None else counts
@@ -115,8 +115,7 @@ class StoreLine:
         with its reply, the :class:`~redis.exceptions.ResponseError` it raised, a
         timeout, or :data:`NO_REPLY`, later, from the loop."""
         command = ("EVALSHA", script.sha, len(keys), *keys, *script.args(args))
-        self._queued.append(_Round(script, command, answer))
-        self._due = min(self._due, self._written + self.gap if may_wait else -math.inf)
+        self._queued.append(_Round(script, command, answer, may_wait))
 
     def flush(self) -> None:
         """The loop's turn ends (it is about to poll): the rounds queued go, as one write,
@@ -125,12 +124,13 @@ class StoreLine:
         on the loop's timer, or with a round that may not wait)."""
         if not self._queued or self._sent:
             return
-        wait = self._due - self.clock()
-        if wait <= 0 or self.later is None:
+        later = self.later if all(r.may_wait for r in self._queued) else None
+        wait = self._written + self.gap - self.clock() if later is not None else 0.0
+        if wait <= 0 or later is None:
             self._write()
         elif not self._timed:
             self._timed = True
-            self.later(wait, self._gap_passed)
+            later(wait, self._gap_passed)
 
     def _gap_passed(self) -> None:
         self._timed = False
@@ -189,7 +189,6 @@ class StoreLine:
         rounds, self._queued = self._queued, []
         if not rounds:
             return
-        self._due = math.inf
         try:
             connection = self._connect()
             commands = [r.command for r in rounds]
