@@ -54,6 +54,8 @@ LOST_LEASES = (
     "and were reclaimed (the worker was blocked or cut off from the store); their tasks keep "
     "running"
 )
+#: :attr:`Ticket.notes` of a request whose slot was kept as it ended (see ``ending_call``)
+KEPT = "kept"
 
 
 class SlotGate(Gate):
@@ -196,12 +198,16 @@ class SlotGate(Gate):
 
     def ending_call(self, ticket: Ticket) -> StoreCall | None:
         """A global slot's release, when no request of this worker waits for it (it would
-        be handed over) and the store answers."""
+        be handed over) and the store answers; none when the slot is kept (decided now, as
+        the request ends: the round may be answered once the store's word went stale)."""
         grant = self.grants.get(id(ticket.request))
         if (grant is None or grant.source is not self.store or not self.health.up()
                 or self.queues.waiting(grant.bucket)):  # fmt: skip
             return None
-        return PASSES if self.store.keeps(grant) else self.store.release_call(grant)
+        kept = self.store.keep(grant)
+        if kept:
+            ticket.notes[self.label] = KEPT
+        return PASSES if kept else self.store.release_call(grant)
 
     def finished(self, ticket: Ticket) -> None:
         """*ticket*'s request ended: free its slot and let the next in its bucket in."""
@@ -209,6 +215,8 @@ class SlotGate(Gate):
         if grant is None:
             return
         self.counts["released"] += 1
+        if ticket.notes.pop(self.label, None) == KEPT:
+            return  # kept as it ended, for this worker's next request of the bucket
         reply = ticket.reply(self.label)
         if reply is not NO_REPLY:
             self.store.release(grant, reply)
@@ -296,16 +304,9 @@ class SlotGate(Gate):
                  for name, spec in self.specs.items()}  # fmt: skip
         _count(tasks, "holding", ((grant.bucket, 1) for grant in self.grants.values()))
         _count(tasks, "waiting", ((b, self.queues.waiting(b)) for b in self.queues.buckets()))
-        return {
-            "tasks": tasks,
-            "holding": len(self.grants),
-            "waiting": len(self.queues),
-            **self.store.kept.info(),
-            **self.counts,
-            "store_errors": self.health.errors,
-            **self.health.info(),
-            "on_store_error": self.on_store_error,
-        }
+        return {"tasks": tasks, "holding": len(self.grants), "waiting": len(self.queues),
+                **self.store.kept.info(), **self.counts, "store_errors": self.health.errors,
+                **self.health.info(), "on_store_error": self.on_store_error}  # fmt: skip
 
 
 def _count(tasks: dict[str, dict[str, Any]], column: str,

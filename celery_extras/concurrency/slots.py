@@ -185,10 +185,6 @@ class StoreSlots:
         """A slot of *bucket* a request of this worker freed, kept for the next, or ``None``."""
         return self.kept.take(bucket)
 
-    def keeps(self, grant: Grant) -> bool:
-        """Whether *grant*'s slot would be kept (:meth:`keep`) rather than freed."""
-        return self.kept.can_keep(grant.bucket, _renewal_due(grant))
-
     def keep(self, grant: Grant) -> bool:
         """Keep *grant*'s slot, freed by its request, for this worker's next request of the
         bucket; ``False`` when it is to be freed."""

@@ -17,9 +17,10 @@ from redis.exceptions import TimeoutError as StoreTimeout
 import celery_extras
 from celery_extras import ExponentialBackoff, PolicyError, compat, concurrency, limit, retry_policy
 from celery_extras.admission.decorators import _STRATEGY
-from celery_extras.admission.gate import HolderIds
+from celery_extras.admission.gate import HolderIds, Ticket
 from celery_extras.admission.pipeline import Pipeline
 from celery_extras.admission.registry import TaskPolicies, policies_of
+from celery_extras.admission.store_round import PASSES
 from celery_extras.concurrency.gate import SlotGate
 from celery_extras.concurrency.kept_slots import FRESH
 from celery_extras.concurrency.slot_table import SlotTable, WaitQueues
@@ -403,6 +404,27 @@ def test_a_kept_slot_goes_to_the_next_request_and_back_once_stale_when_the_store
 
     assert slots.acquire(b, "h2", 3, 30.0, more=False) == 0.0  # a cap under MIN_CAP
     assert not slots.keep(Grant(b, "h2", slots, 30.0, clock.now))
+
+
+def test_a_slot_is_kept_as_its_request_ends_not_when_the_ending_round_is_answered() -> None:
+    """The slot gate decides to keep a freed slot as the request ends (``ending_call``,
+    which then hands no release): the round carrying the other gates' endings may be
+    answered after the store's word went stale, and the slot is still not released then,
+    on the loop, as a call of its own; the worker's next request takes it."""
+    clock, redis, slots = losing_slots("unit-kept-ending")
+    gate = SlotGate(store_down_app(), SETTINGS, clock)
+    gate.store, gate.health = slots, slots.health
+    b = ("t", "")
+    assert slots.acquire(b, "h1", 100, 30.0, more=False) == 0.0  # 1 of 100 held: roomy
+    ending = Ticket(Request(), "t", consumer=None)
+    gate.grants[id(ending.request)] = grant = Grant(b, "h1", slots, 30.0, clock.now)
+
+    assert gate.ending_call(ending) is PASSES
+    clock.now += FRESH  # the round waits (a coalescing finish in it) past the store's word
+    gate.finished(ending)
+    assert redis.freed == [] and gate.counts["released"] == 1 and gate.grants == {}
+    assert slots.acquire(b, "h2", 100, 30.0, more=False) == 0.0  # the word is fresh again
+    assert slots.reuse(b) is grant and redis.freed == []
 
 
 def test_a_slot_the_store_may_hold_for_nobody_is_freed_once_it_answers() -> None:
