@@ -55,7 +55,7 @@ class StoreScript:
         self.text = text
         self.timed = NOW in text
 
-    @property
+    @functools.cached_property
     def sha(self) -> str:
         return str(self.script.sha)
 

@@ -167,7 +167,8 @@ class StoreHealth:
 
     def answered(self) -> None:
         self.unreachable_until = 0.0
-        self.outage.ok()
+        if self.outage.down:
+            self.outage.ok()
 
 
 class StoreUser:
@@ -195,9 +196,10 @@ class StoreUser:
     def up(self) -> bool:
         """``False`` while this user, or the store for everyone, is backing off."""
         health = self.health
-        if health.clock() < self.until:
+        now = health.clock()
+        if now < self.until:
             return False
-        if health.reachable():
+        if now >= health.unreachable_until:
             return True
         if not self.log.down and health.last_error is not None:  # learnt from another user
             self.log.failed(health.last_error, self.consequence, quiet=True)
@@ -218,7 +220,8 @@ class StoreUser:
     def answered(self) -> None:
         """Note a good call: the outage (if any) ends, for this user and the store."""
         self.health.answered()
-        self.log.ok()
+        if self.log.down:
+            self.log.ok()
 
     def info(self) -> dict[str, Any]:
         return {"store": "down" if self.down else "ok",
