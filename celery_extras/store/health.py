@@ -167,8 +167,7 @@ class StoreHealth:
 
     def answered(self) -> None:
         self.unreachable_until = 0.0
-        if self.outage.down:
-            self.outage.ok()
+        self.outage.ok()
 
 
 class StoreUser:
@@ -196,10 +195,9 @@ class StoreUser:
     def up(self) -> bool:
         """``False`` while this user, or the store for everyone, is backing off."""
         health = self.health
-        now = health.clock()
-        if now < self.until:
+        if health.clock() < self.until:
             return False
-        if now >= health.unreachable_until:
+        if health.reachable():
             return True
         if not self.log.down and health.last_error is not None:  # learnt from another user
             self.log.failed(health.last_error, self.consequence, quiet=True)
@@ -220,8 +218,7 @@ class StoreUser:
     def answered(self) -> None:
         """Note a good call: the outage (if any) ends, for this user and the store."""
         self.health.answered()
-        if self.log.down:
-            self.log.ok()
+        self.log.ok()
 
     def info(self) -> dict[str, Any]:
         return {"store": "down" if self.down else "ok",
