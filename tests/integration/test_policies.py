@@ -31,8 +31,10 @@ from tests.support.outages import store_outages
 from tests.support.rates import JITTER, busiest_second, busiest_window, starts
 from tests.support.workers import ROOT, WorkerProcess, wait_for
 
-#: Timing is asserted here (rates, latencies): under pytest-xdist these tests run alone.
-pytestmark = pytest.mark.exclusive
+# Rates and latencies are asserted in most of these tests: under pytest-xdist they run alone
+# (``exclusive``) or beside other scenarios only. Those whose outcome no neighbour's load can
+# change (a failure, tasks kept through a SIGKILL or an outage, a wait's lower bound) run
+# beside other tests.
 
 INCLUDE = ("tests.support.tasks_policies",)
 
@@ -83,6 +85,7 @@ def drained_once(cluster: Cluster, send: Callable[..., Any], journal: Journal, t
     return worker
 
 
+@pytest.mark.exclusive
 def test_a_global_limit_that_binds_books_hardly_any_ahead_and_is_never_passed(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:
@@ -103,6 +106,7 @@ def test_a_global_limit_that_binds_books_hardly_any_ahead_and_is_never_passed(
     assert booked < 30
 
 
+@pytest.mark.exclusive
 def test_a_global_limit_that_stands_idle_between_calls_books_them_ahead(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
 ) -> None:
@@ -149,6 +153,7 @@ def test_worker_limit_sustains_rate_and_lets_other_tasks_through(
         assert 18 <= in_window <= 22, f"{in_window} tasks in seconds {2 * k}-{2 * k + 2}"
 
 
+@pytest.mark.exclusive
 @also_on_redis_cluster("rabbitmq")
 def test_per_key_buckets_run_side_by_side(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
@@ -173,6 +178,7 @@ def test_per_key_buckets_run_side_by_side(
     assert 9.2 <= steady_rate(both, burst=2) <= 10.8
 
 
+@pytest.mark.exclusive
 @also_on_redis_cluster("redis")
 def test_per_item_backoff_doubles_up_to_the_cap_and_success_forgets(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
@@ -196,6 +202,7 @@ def test_per_item_backoff_doubles_up_to_the_cap_and_success_forgets(
     )
 
 
+@pytest.mark.exclusive
 @also_on_redis_cluster("rabbitmq")
 def test_failure_memory_is_shared_and_forgotten_across_workers(
     cluster: Cluster, send: Callable[..., Any], journal: Journal
@@ -315,6 +322,7 @@ def test_store_unreachable_delay_keeps_every_task(
     assert len(store_outages(worker.log(), "global limits")) == 1
 
 
+@pytest.mark.exclusive
 @also_on_redis_cluster("redis")
 def test_limit_changed_at_run_time_applies_now_and_to_later_workers(
     cluster: Cluster, send: Callable[..., Any], journal: Journal

@@ -39,10 +39,10 @@ def limited10(self: Task, tag: Any = None) -> Any:
     return tag
 
 
-@retry_policy(on=(ValueError,), policy=ExponentialBackoff(base=25.0, cap=25.0), max_retries=3)
+@retry_policy(on=(ValueError,), policy=ExponentialBackoff(base=8.0, cap=8.0), max_retries=3)
 @shared_task(bind=True, name="tests.delay.long_retry", acks_late=True)
 def long_retry(self: Task, tag: Any = None) -> Any:
-    """Fails once, then succeeds: its one retry waits 25 s (beyond a 20 s visibility timeout)."""
+    """Fails once, then succeeds: its one retry waits 8 s (beyond a 5 s visibility timeout)."""
     _note(self, tag=tag)
     if self.request.retries < 1:
         raise ValueError(f"{tag} fails once")
