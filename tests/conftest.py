@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -24,6 +25,10 @@ CONFLICTS = {
     "scenario": ("shared", "exclusive"),
     "exclusive": KINDS,
 }
+#: How many tests of a kind run at once at most, whatever the number of processes: the
+#: scenarios' rates were measured two at a time (``-n 3`` gives the shared tests, which
+#: mostly wait on their workers, a third process).
+AT_ONCE = {"scenario": 2}
 
 
 def _kind(item: pytest.Item) -> str:
@@ -56,10 +61,26 @@ def redis_cluster_topology(
         yield topology
 
 
-def _flock(stack: ExitStack, path: Path, mode: int) -> None:
-    handle = stack.enter_context(open(path, "a"))  # noqa: SIM115 (closed by the stack)
-    fcntl.flock(handle, mode)
+def _flock(stack: ExitStack, path: Path, mode: int) -> bool:
+    """Lock *path* (``mode``: ``fcntl.LOCK_*``) until *stack* closes; False if ``LOCK_NB``
+    was asked and another process holds it."""
+    handle = open(path, "a")  # noqa: SIM115 (closed by the stack, or at once)
+    try:
+        fcntl.flock(handle, mode)
+    except BlockingIOError:
+        handle.close()
+        return False
+    stack.enter_context(handle)
     stack.callback(fcntl.flock, handle, fcntl.LOCK_UN)
+    return True
+
+
+def _take_a_place(stack: ExitStack, locks: Path, kind: str) -> None:
+    """One of the ``AT_ONCE[kind]`` places of *kind*: the first free one, or, when all are
+    taken, the first to be freed (polled: places are held for seconds to minutes)."""
+    places = [locks / f"{kind}-{i}.lock" for i in range(AT_ONCE[kind])]
+    while not any(_flock(stack, place, fcntl.LOCK_EX | fcntl.LOCK_NB) for place in places):
+        time.sleep(0.2)
 
 
 @pytest.fixture(autouse=True)
@@ -82,4 +103,6 @@ def _kinds_apart(
                 with ExitStack() as probe:
                     _flock(probe, locks / f"{other}.lock", fcntl.LOCK_EX)
             _flock(running, locks / f"{kind}.lock", fcntl.LOCK_SH)
+            if kind in AT_ONCE:
+                _take_a_place(running, locks, kind)
         yield
