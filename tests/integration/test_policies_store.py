@@ -89,10 +89,10 @@ def test_a_wait_beyond_the_longest_books_nothing_and_the_expiry_stays_bounded(
 
 def test_several_limits_in_one_script_follow_the_pure_rule(bucket: GlobalTokenBucket) -> None:
     """The script and :func:`~celery_extras.limits.all_of.admit_all` (through the fake
-    store on a clock that reads Redis' own) give the same waits, bindings and bookings for
-    one sequence of calls: broad and per-key buckets, costs, a floor, shadow buckets. Both
-    read one simulated clock: a model on Redis' own clock, read a round trip after the
-    script, was 7 ms late on a loaded CI run."""
+    store) give the same waits, bindings and bookings for one sequence of calls: broad and
+    per-key buckets, costs, a floor, shadow buckets. Both read one simulated clock: a model
+    on Redis' own clock, read a round trip after the script, was 7 ms late on a loaded CI
+    run."""
     from tests.support.fake_global import FakeGlobal
 
     broad = LimitTake("t", "", 10.0, 2, 1)
