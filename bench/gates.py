@@ -14,13 +14,20 @@ own background (timers, threads) measured while idle and taken off; the CPU time
 worker's main process used over its drain, per task; and the whole machine's (every
 process, the kernel's too: ``/proc/stat``), which bounds the ratio once the drains keep
 every core busy: a side that costs the machine more CPU per task drains slower by as much.
+Each row's note gives every pair's ratio too (its two drains next to each other in time),
+as their median and range: on a VM whose speed moves from one minute to the next, they
+show how far one sitting's best-of figure may be from the typical one. ``--pairs N`` makes
+N pairs instead of :data:`ROUNDS`.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +105,13 @@ class GateFigures:
     def met(self) -> bool:
         return self.floor is None or max(self.extras) >= self.floor * max(self.plain)
 
+    def pairs(self) -> str:
+        """Each pair's ratio (its two drains next to each other in time), as their median
+        and range: how far the VM moves one sitting's best-of figure."""
+        ratios = sorted(e / p for p, e in zip(self.plain, self.extras, strict=True))
+        return (f"pairs' ratios: median {statistics.median(ratios):.2f}x, "
+                f"{ratios[0]:.2f}x-{ratios[-1]:.2f}x")  # fmt: skip
+
 
 def _background(store: StoreCounter) -> tuple[float, float]:
     """Script calls and CPU us per second of the idle store (the workers' timers, threads)."""
@@ -165,7 +179,7 @@ def rows(figures: list[GateFigures], broker_name: str = "redis") -> list[Row]:
             note=f"store per task: {trips:.2f} round trips, {usec:.0f} us of Redis CPU; the "
                  f"worker's main process: {min(one.main_extras):.0f} us of CPU per task (plain "
                  f"{min(one.main_plain):.0f}); the machine: {min(one.box_extras):.0f} us (plain "
-                 f"{min(one.box_plain):.0f})",
+                 f"{min(one.box_plain):.0f}); {one.pairs()}",
         ))  # fmt: skip
     every = figures[-1]
     usec, trips = min(every.usec), min(every.trips)
@@ -191,6 +205,12 @@ def rows(figures: list[GateFigures], broker_name: str = "redis") -> list[Row]:
     return out
 
 
-def measure(argv: list[str] | None = None) -> list[Row]:
-    """Both brokers (the store is Redis either way)."""
-    return [row for name in ("redis", "rabbitmq") for row in rows(run(name), name)]
+def measure(argv: Sequence[str] = ()) -> list[Row]:
+    """Both brokers (the store is Redis either way); ``--pairs N``: N alternating pairs of
+    drains per gate (:data:`ROUNDS` by default)."""
+    parser = argparse.ArgumentParser(prog="python -m bench gates")
+    parser.add_argument("--pairs", type=int, default=ROUNDS, help="pairs of drains per gate")
+    pairs = parser.parse_args(list(argv)).pairs
+    if pairs < 1:
+        parser.error(f"--pairs must be 1 or more, not {pairs}")
+    return [row for name in ("redis", "rabbitmq") for row in rows(run(name, pairs), name)]
