@@ -26,11 +26,10 @@ def measure() -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="bench-admission-") as tmp:
         for name in stats.BROKERS:
             plain, extras = stats.throughput(name, Path(tmp))
-            ratios = [e / p for p, e in zip(plain.rates, extras.rates, strict=True)]
             rows.append(
                 Row(f"no-op tasks drained, prefork c=2, {name}", "tasks/s", plain.rate,
                     extras.rate, ">= 0.97x plain", extras.rate >= 0.97 * plain.rate,
-                    runs=stats.PAIRS, note=stats._quartiles(ratios))
+                    runs=stats.PAIRS, note=stats.pair_ratios(plain.rates, extras.rates))
             )  # fmt: skip
     global_ms = policies.global_acquire_ms()
     rows.append(Row("global acquire p50 (loopback Redis)", "ms", None, global_ms, "<= 0.3",

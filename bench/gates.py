@@ -15,7 +15,7 @@ worker's main process used over its drain, per task; and the whole machine's (ev
 process, the kernel's too: ``/proc/stat``), which bounds the ratio once the drains keep
 every core busy: a side that costs the machine more CPU per task drains slower by as much.
 Each row's note gives every pair's ratio too (its two drains next to each other in time),
-as their median and range: on a VM whose speed moves from one minute to the next, they
+as their median and quartiles: on a VM whose speed moves from one minute to the next, they
 show how far one sitting's best-of figure may be from the typical one. ``--pairs N`` makes
 N pairs instead of :data:`ROUNDS`.
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ import redis
 from tests.support.brokers import PrivateRedis, require_broker
 
 from .runs import cpu_seconds, machine_cpu_seconds
-from .stats import Drainer
+from .stats import Drainer, pair_ratios
 from .table import Row
 
 __all__ = ["GATES", "StoreCounter", "measure"]
@@ -105,13 +104,6 @@ class GateFigures:
     def met(self) -> bool:
         return self.floor is None or max(self.extras) >= self.floor * max(self.plain)
 
-    def pairs(self) -> str:
-        """Each pair's ratio (its two drains next to each other in time), as their median
-        and range: how far the VM moves one sitting's best-of figure."""
-        ratios = sorted(e / p for p, e in zip(self.plain, self.extras, strict=True))
-        return (f"pairs' ratios: median {statistics.median(ratios):.2f}x, "
-                f"{ratios[0]:.2f}x-{ratios[-1]:.2f}x")  # fmt: skip
-
 
 def _background(store: StoreCounter) -> tuple[float, float]:
     """Script calls and CPU us per second of the idle store (the workers' timers, threads)."""
@@ -179,7 +171,7 @@ def rows(figures: list[GateFigures], broker_name: str = "redis") -> list[Row]:
             note=f"store per task: {trips:.2f} round trips, {usec:.0f} us of Redis CPU; the "
                  f"worker's main process: {min(one.main_extras):.0f} us of CPU per task (plain "
                  f"{min(one.main_plain):.0f}); the machine: {min(one.box_extras):.0f} us (plain "
-                 f"{min(one.box_plain):.0f}); {one.pairs()}",
+                 f"{min(one.box_plain):.0f}); {pair_ratios(one.plain, one.extras)}",
         ))  # fmt: skip
     every = figures[-1]
     usec, trips = min(every.usec), min(every.trips)

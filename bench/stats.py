@@ -301,8 +301,14 @@ class CountedDrainer(Drainer):
             self.stop()
 
 
-def _quartiles(values: list[float]) -> str:
-    q1, q2, q3 = statistics.quantiles(values, n=4)
+def pair_ratios(plain: list[float], extras: list[float]) -> str:
+    """The ratio of each alternating pair of drains (*plain*'s and *extras*' rates, next
+    to each other in time), as their median and quartiles: how far one drain moves the
+    next on this VM."""
+    ratios = [e / p for p, e in zip(plain, extras, strict=True)]
+    if len(ratios) < 2:
+        return f"pairs' ratio: {ratios[0]:.2f}"
+    q1, q2, q3 = statistics.quantiles(ratios, n=4)
     return f"pairs' ratios: median {q2:.2f}, quartiles {q1:.2f}-{q3:.2f}"
 
 
@@ -321,11 +327,10 @@ def measure() -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="bench-stats-") as tmp:
         for name in BROKERS:
             plain, extras = throughput(name, Path(tmp))
-            ratios = [e / p for p, e in zip(plain.rates, extras.rates, strict=True)]
             rows.append(
                 Row(f"stats: no-op tasks drained, prefork c=2, {name}", "tasks/s", plain.rate,
                     extras.rate, ">= 0.97x plain", extras.rate >= 0.97 * plain.rate,
-                    runs=PAIRS, note=_quartiles(ratios))
+                    runs=PAIRS, note=pair_ratios(plain.rates, extras.rates))
             )  # fmt: skip
             rows.extend(_instruction_rows(name, Path(tmp)))
     return rows
