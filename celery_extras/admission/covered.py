@@ -39,6 +39,7 @@ from kombu.utils import json as kombu_json
 from .. import compat
 from ..signals import task_covered_ended
 from .gate import COVERED, Ticket
+from .serial import serial
 
 __all__ = [
     "ATTEMPTS",
@@ -341,7 +342,7 @@ class CoveredEndings:
                 done()
             return
         job = (consumer, name, run_id, list(covered), known, done, 1)
-        consumer.timer.call_after(0.0, self._run, job, priority=6)
+        serial(consumer).call_after(0.0, self._run, job)
 
     def end_here(self, consumer: Any, pipeline: Any, ticket: Ticket, by: str) -> None:
         """End *ticket*'s message, covered by run *by* that has ended, with that run's
@@ -370,7 +371,7 @@ class CoveredEndings:
         if outcome is None:
             if attempt < ATTEMPTS:
                 again = (consumer, name, run_id, covered, known, done, attempt + 1)
-                consumer.timer.call_after(SPACING, self._run, again, priority=6)
+                serial(consumer).call_after(SPACING, self._run, again)
                 return
             self.counts["gave_up"] += len(covered)
             logger.warning(
@@ -409,6 +410,6 @@ class CoveredEndings:
         rest = covered[CHUNK:]
         if rest:
             again = (consumer, name, rest, outcome, done)
-            consumer.timer.call_after(0.0, self._end, again, priority=6)
+            serial(consumer).call_after(0.0, self._end, again)
         elif done is not None:
             done()

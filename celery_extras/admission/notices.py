@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from ..store.health import store_text
 from ..threads import FORK_GATE, start_thread
+from .serial import serial
 
 __all__ = [
     "ALL",
@@ -140,12 +141,15 @@ class ReleaseNotices:
 
     def drain(self) -> None:
         """Wake each bucket noticed since the last drain, once (:data:`ALL` included)."""
+        if self._consumer is None:
+            return
         seen: set[Bucket] = set()
-        while self._notices:
-            bucket = self._notices.popleft()
-            if bucket not in seen:
-                seen.add(bucket)
-                self.wake(bucket)
+        with serial(self._consumer):
+            while self._notices:
+                bucket = self._notices.popleft()
+                if bucket not in seen:
+                    seen.add(bucket)
+                    self.wake(bucket)
 
 
 class _Listener:

@@ -11,7 +11,9 @@ again), :data:`~.gate.QUEUED` (the gate keeps it and calls :meth:`Pipeline.resum
 After the last gate the request is reserved and handed to the pool with the
 :mod:`request hook <.request_hook>`, through which the gates that asked hear once
 how it ended. Held or queued messages stay unacked: a worker killed meanwhile loses
-none, the broker delivers them again.
+none, the broker delivers them again. Every entry (an arrival, an ending, a tick, a
+timer's due hold, a round's reply) runs under the consumer's :class:`~.serial.Serial`,
+whatever thread or greenlet it comes from; a request goes to the pool once it is let go.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .covered import CoveredMessage, Outcome, context_of, end_covered
 from .gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Refuse, Ticket
 from .request_hook import request_hook
 from .rounds import Rounds
+from .serial import Serial, serial
 from .waits import TimerHolds, park_message
 
 __all__ = ["PIPELINE_ATTR", "TICK", "AdmissionRefused", "Pipeline"]
@@ -61,6 +64,9 @@ class Pipeline:
         self.arrival_rounds: dict[str, tuple[Gate, ...]] = {}
         self.ending_rounds: dict[str, tuple[Gate, ...]] = {}
         self.rounds = Rounds()
+        #: the consumer's lock around this path (:meth:`start` gives the consumer's own)
+        self.serial = Serial(None)
+        self._answered, self._heard = self._onward, self._hear  # a round's reply: locked
 
     def gate(self, label: str) -> Any:
         return next(g for g in self.gates if g.label == label)
@@ -82,6 +88,8 @@ class Pipeline:
         return bool(chain)
 
     def start(self, consumer: Any) -> None:
+        self.serial = serial(consumer)
+        self._answered, self._heard = self.serial.wrap(self._onward), self.serial.wrap(self._hear)
         hook = request_hook(consumer)
         hook.listen(finish=self.finished)
         hook.forget()  # the request classes of the strategies Celery built for a lost connection
@@ -89,17 +97,20 @@ class Pipeline:
         for gate in self.gates:
             gate.start(self, consumer)
         if self._tick_entry is None:
-            self._tick_entry = consumer.timer.call_repeatedly(TICK, self.tick, priority=6)
+            self._tick_entry = consumer.timer.call_repeatedly(
+                TICK, self.serial.wrap(self.tick), priority=6
+            )
 
     def stop(self) -> None:
         """Connection lost or shutting down: waiting requests are dropped (the broker
         delivers their messages again); running ones keep what they hold until they end.
         Rounds on the line are answered first, as if they had been calls."""
-        self.rounds.close()
-        self.epoch += 1  # ETA timers of the lost connection must not run its tasks
-        self.holds.drop_all()
-        for gate in self.gates:
-            gate.stop()
+        with self.serial:
+            self.rounds.close()
+            self.epoch += 1  # ETA timers of the lost connection must not run its tasks
+            self.holds.drop_all()
+            for gate in self.gates:
+                gate.stop()
         if self._tick_entry is not None:
             self._tick_entry.cancel()
             self._tick_entry = None
@@ -110,21 +121,23 @@ class Pipeline:
         """A request of task *name* arrived, or its ETA passed."""
         arrival = getattr(consumer, DELAY_ATTR, None)
         slot = arrival.pop_slot(request.id) if arrival is not None else None
-        self._advance(Ticket(request, name, consumer, released_slot=slot))
+        with self.serial:
+            self._advance(Ticket(request, name, consumer, released_slot=slot))
 
     def resume(self, ticket: Ticket, answer: Answer = RUN) -> None:
         """The gate that queued *ticket* answers now: :data:`~.gate.RUN` (on to the next
         gate) or :data:`~.gate.COVERED`."""
-        compat.narrow_prefetch(ticket.consumer)
-        if answer is COVERED:
-            self._covered(ticket)
-            return
-        ticket.stage += 1
-        self._advance(ticket)
+        with self.serial:
+            compat.narrow_prefetch(ticket.consumer)
+            if answer is COVERED:
+                self._covered(ticket)
+                return
+            ticket.stage += 1
+            self._advance(ticket)
 
     def _advance(self, ticket: Ticket) -> None:
         arrival = self.arrival_rounds.get(ticket.name) if ticket.stage == 0 else None
-        if arrival and self.rounds.send(ticket, arrival, "arrival_call", self._onward):
+        if arrival and self.rounds.send(ticket, arrival, "arrival_call", self._answered):
             return  # on the line: the gates are asked as its reply comes
         self._onward(ticket)
 
@@ -162,7 +175,8 @@ class Pipeline:
             self.admitted[id(request)] = ticket
             request_hook(ticket.consumer).adopt(request)
         compat.task_reserved(request)
-        ticket.consumer.on_task_request(request)
+        # once the lock is let go: a green pool's spawn waits for a slot an ending frees
+        self.serial.after(ticket.consumer.on_task_request, request)
 
     def park_queued(self, ticket: Ticket, kind: str, seconds: float) -> str | None:
         """Park *ticket*, queued in a gate, in the delay store for *seconds* (its message
@@ -219,9 +233,10 @@ class Pipeline:
                 gate.yielded(ticket, seconds)
 
     def _held_due(self, ticket: Ticket) -> None:
-        if not self.holds.release(ticket.consumer, id(ticket.request)):
-            return  # dropped by stop()
-        self._advance(ticket)  # the same gate is asked again
+        with self.serial:
+            if not self.holds.release(ticket.consumer, id(ticket.request)):
+                return  # dropped by stop()
+            self._advance(ticket)  # the same gate is asked again
 
     # -- endings -----------------------------------------------------------------------------
 
@@ -229,6 +244,10 @@ class Pipeline:
         """*request* ended (any way; *retry_in*: the seconds until its retry, if it raised
         ``Retry``; *outcome*: how, as the request hook saw it): the gates it passed that
         listen hear it, once."""
+        with self.serial:
+            self._finished(request, retry_in, outcome)
+
+    def _finished(self, request: Any, retry_in: float | None, outcome: Any) -> None:
         ticket = self.admitted.pop(id(request), None)
         if ticket is None:
             return
@@ -237,7 +256,7 @@ class Pipeline:
             return
         ticket.retry_in, ticket.outcome = retry_in, outcome
         ending = self.ending_rounds.get(ticket.name)
-        if ending and self.rounds.send(ticket, ending, "ending_call", self._hear):
+        if ending and self.rounds.send(ticket, ending, "ending_call", self._heard):
             return  # on the line: the gates hear it as its reply comes
         self._hear(ticket)
 
@@ -273,7 +292,7 @@ class Pipeline:
                     "celery-extras: %s[%s] ended unseen; freeing what its gates hold",
                     ticket.name, getattr(ticket.request, "id", "?"),
                 )  # fmt: skip
-                self.finished(ticket.request)
+                self._finished(ticket.request, None, None)
         self.rounds.tick()
         for gate in self.gates:
             gate.tick()

@@ -28,6 +28,7 @@ from celery.exceptions import MaxRetriesExceededError
 from .. import compat
 from ..admission.covered import CoveredMessage, Outcome, context_of, end_covered
 from ..admission.gate import QUEUED, Answer, Gate, Ticket
+from ..admission.serial import serial
 from ..admission.spec import call_key
 from ..clock import monotonic
 from ..signals import task_batched, task_covered_ended
@@ -87,7 +88,7 @@ class BatchGate(Gate):
         key = call_key(ticket.name, spec.key, ticket.request, "batch", "batch", logger)
         full = self.table.add((ticket.name, key), ticket, spec.size, spec.wait)
         if full is not None:  # run it once the pipeline has counted this call as queued
-            ticket.consumer.timer.call_after(0.0, self._run, (full,), priority=6)
+            serial(ticket.consumer).call_after(0.0, self._run, (full,))
         return QUEUED
 
     def tick(self) -> None:
@@ -131,10 +132,16 @@ class BatchGate(Gate):
         self.counts["batches"] += 1
         self.counts["calls"] += len(tickets)
         task_batched.send(sender=name, size=len(tickets), batch_id=batch_id)
+        calls = [_call(t.request) for t in tickets]
+        # once the pipeline's lock is let go: a green pool's spawn waits for a free slot
+        serial(self._consumer).after(self._apply, task, batch_id, calls, request)
+
+    def _apply(self, task: Any, batch_id: str, calls: list[Any], request: Any) -> None:
+        """Hand batch *batch_id* to the pool (outside the pipeline's lock)."""
         try:
             self._consumer.pool.apply_async(
                 run_batch,
-                args=(name, [_call(t.request) for t in tickets], request),
+                args=(task.name, calls, request),
                 callback=functools.partial(self._returned, batch_id),
                 error_callback=functools.partial(self._lost, batch_id),
                 soft_timeout=task.soft_time_limit,
@@ -144,10 +151,11 @@ class BatchGate(Gate):
         except Exception as exc:  # the pool refused the job: every call goes back
             logger.error(
                 "celery-extras: the pool refused batch %s of %s (%r); its %d messages go "
-                "back to the queue", batch_id, name, exc, len(tickets),
+                "back to the queue", batch_id, task.name, exc, len(calls),
             )  # fmt: skip
-            for ticket in self.running.pop(batch_id, []):
-                self._give_back(ticket)
+            with serial(self._consumer):
+                for ticket in self.running.pop(batch_id, []):
+                    self._give_back(ticket)
 
     def _revoked(self, ticket: Ticket) -> bool:
         """A call revoked while it waited for its batch ends revoked, not in the batch."""
@@ -161,9 +169,9 @@ class BatchGate(Gate):
     def _returned(self, batch_id: str, ending: Any) -> None:
         """The pool's callback (in a pool thread with ``-P threads``: on to the loop)."""
         if threading.current_thread() is not self._main:
-            self._consumer.timer.call_after(0.0, self._end, (batch_id, ending), priority=6)
+            serial(self._consumer).call_after(0.0, self._end, (batch_id, ending))
             return
-        self._end(batch_id, ending)
+        serial(self._consumer).run(self._end, batch_id, ending)
 
     def _lost(self, batch_id: str, exc_info: Any) -> None:
         """The pool lost the job (its process died, a hard time limit): as Celery does for

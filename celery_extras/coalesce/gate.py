@@ -50,6 +50,7 @@ from ..admission.key_runs import (
 )
 from ..admission.notices import ALL, Bucket, ReleaseNotices
 from ..admission.sent import sent_at
+from ..admission.serial import serial
 from ..admission.spec import call_key
 from ..admission.store_round import NO_REPLY, StoreCall
 from ..clock import monotonic, wall
@@ -140,7 +141,8 @@ class CoalesceGate(Gate):
     def start(self, pipeline: Any, consumer: Any) -> None:
         self._pipeline, self._consumer = pipeline, consumer
         self.notices.start(consumer)
-        task_revoked.connect(self._discarded, weak=False, dispatch_uid=f"coalesce.{id(self)}")
+        task_revoked.connect(serial(consumer).wrap(self._discarded), weak=False,
+                             dispatch_uid=f"coalesce.{id(self)}")  # fmt: skip
         if self.specs and not self.holds.shared:
             logger.warning(
                 "celery-extras: no store (extras_redis_url, or a Redis broker): coalesce() "

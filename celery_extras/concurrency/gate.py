@@ -32,6 +32,7 @@ from celery import Celery
 from .. import compat
 from ..admission.gate import QUEUED, RUN, Answer, Gate, HolderIds, Ticket
 from ..admission.notices import ALL, ReleaseNotices
+from ..admission.serial import serial
 from ..admission.spec import call_key
 from ..admission.store_round import NO_REPLY, PASSES, StoreCall
 from ..clock import monotonic
@@ -271,8 +272,8 @@ class SlotGate(Gate):
         if self._consumer is None:
             return
         self._cancel_retry(bucket)
-        self._retry[bucket] = self._consumer.timer.call_after(
-            max(seconds, 0.001), self._retry_due, (bucket,), priority=6
+        self._retry[bucket] = serial(self._consumer).call_after(
+            max(seconds, 0.001), self._retry_due, (bucket,)
         )
 
     def _cancel_retry(self, bucket: Bucket) -> None:

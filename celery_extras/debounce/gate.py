@@ -49,6 +49,7 @@ from ..admission.key_runs import (
 )
 from ..admission.notices import Bucket, ReleaseNotices
 from ..admission.sent import sent_at
+from ..admission.serial import serial
 from ..admission.spec import call_key
 from ..clock import monotonic, wall
 from ..delay.capability import parking_uses
@@ -118,7 +119,8 @@ class DebounceGate(Gate):
         self._pipeline, self._consumer = pipeline, consumer
         self.parks = bool(parking_uses(self.app))  # its workers release what is parked
         self.notices.start(consumer)
-        task_revoked.connect(self._discarded, weak=False, dispatch_uid=f"debounce.{id(self)}")
+        task_revoked.connect(serial(consumer).wrap(self._discarded), weak=False,
+                             dispatch_uid=f"debounce.{id(self)}")  # fmt: skip
         if self.specs and not self.holds.shared:
             logger.warning(
                 "celery-extras: no store (extras_redis_url, or a Redis broker): debounce() "
@@ -185,7 +187,7 @@ class DebounceGate(Gate):
             self.holds.listen(self.notices)
         if self._consumer is not None:  # on time, between two ticks of the pipeline
             delay = max(holding.next_ask - self.clock(), 0.0)
-            self._consumer.timer.call_after(delay, self.ask_due, priority=6)
+            serial(self._consumer).call_after(delay, self.ask_due)
         return QUEUED
 
     def ask_due(self) -> None:

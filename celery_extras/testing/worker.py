@@ -24,6 +24,7 @@ from kombu.transport.virtual import Channel
 
 from .. import clock, compat
 from ..admission.pipeline import PIPELINE_ATTR
+from ..admission.serial import serial
 from ..batch.gate import BatchGate
 from ..debounce.gate import DebounceGate
 from ..delay.mover_thread import app_mover
@@ -148,12 +149,12 @@ class SettlingWorker:
     def release_due(self) -> None:
         while self.mover.run_once() == 0.0:  # a parked batch: more may be due
             pass
-        timer = self.controller.consumer.timer
+        loop = serial(self.controller.consumer)
         batches, debounce = self._gate(BatchGate), self._gate(DebounceGate)
         if batches is not None:  # batches whose wait passed run, on the worker's loop
-            timer.call_after(0.0, batches.flush_due, priority=6)
+            loop.call_after(0.0, batches.flush_due)
         if debounce is not None:  # debounced messages whose wait passed ask again, there too
-            timer.call_after(0.0, debounce.ask_due, priority=6)
+            loop.call_after(0.0, debounce.ask_due)
         if self._probe is not None:
             self._probe.wake()
 
