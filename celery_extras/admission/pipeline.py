@@ -26,6 +26,7 @@ from celery import states
 
 from .. import compat
 from ..delay.gate import DELAY_ATTR
+from ..delay.parking import Park
 from .covered import CoveredMessage, Outcome, context_of, end_covered
 from .gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Refuse, Ticket
 from .request_hook import request_hook
@@ -33,7 +34,7 @@ from .rounds import Rounds
 from .serial import Serial, serial
 from .waits import TimerHolds, park_message
 
-__all__ = ["PIPELINE_ATTR", "TICK", "AdmissionRefused", "Pipeline"]
+__all__ = ["IN_DOUBT", "PARK_AGAIN", "PIPELINE_ATTR", "TICK", "AdmissionRefused", "Pipeline"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ logger = logging.getLogger(__name__)
 PIPELINE_ATTR = "extras_admission"
 #: Seconds between the pipeline's ticks (gates renew leases, endings unseen are found).
 TICK = 0.25
+#: Seconds between the parks of a message whose park the store left in doubt
+PARK_AGAIN = 1.0
+#: :attr:`Ticket.notes` key of the wait a park in doubt was for
+IN_DOUBT = "park.in_doubt"
 
 
 class AdmissionRefused(Exception):
@@ -183,24 +188,14 @@ class Pipeline:
         stored, then acked): its entry's id, or ``None`` (still queued) when it cannot be
         parked."""
         arrival = getattr(ticket.consumer, DELAY_ATTR, None)
-        entry = (
-            park_message(arrival, ticket.request, ticket.name, kind, seconds) if arrival else None
-        )
-        if entry is not None:
-            compat.narrow_prefetch(ticket.consumer)
-            self._left(ticket, seconds)
-        return entry
-
-    def hurry(self, consumer: Any, entry: str, what: str) -> None:
-        """Make the parked message of *entry* (*what* it is) due now, else it comes back only
-        when its wait, or the run's lease, would have ended."""
-        arrival = getattr(consumer, DELAY_ATTR, None)
         if arrival is None:
-            return
-        try:
-            arrival.parker.store.hurry(entry)
-        except Exception as exc:
-            arrival.parker.store_failed(f"making {what} due", exc)
+            return None
+        parked, entry = park_message(arrival, ticket.request, ticket.name, kind, seconds)
+        if not parked:
+            return None
+        compat.narrow_prefetch(ticket.consumer)
+        self._left(ticket, seconds)
+        return entry
 
     def _covered(self, ticket: Ticket) -> None:
         """Another run does *ticket*'s work: ack its message, forget the request."""
@@ -208,22 +203,29 @@ class Pipeline:
         ticket.request.acknowledge()
 
     def _wait(self, ticket: Ticket, gate: Gate, hold: Hold) -> None:
-        """Hold *ticket* in the timer for the wait *gate* asked, or park it."""
+        """Hold *ticket* in the timer for the wait *gate* asked, or park it. A park whose
+        outcome the store left in doubt is tried again every :data:`PARK_AGAIN` seconds, the
+        message held meanwhile, until the store says it is parked: were it run here, the
+        copy the store may hold would run too."""
         arrival = getattr(ticket.consumer, DELAY_ATTR, None)
         delay = hold.seconds if hold.due is None else hold.due - gate.clock()
-        parked = (
-            hold.park is not None
-            and arrival is not None
-            and park_message(arrival, ticket.request, ticket.name, hold.park, delay) is not None
-        )
+        parked = Park.KEPT
+        if hold.park is not None and arrival is not None:
+            parked, _ = park_message(arrival, ticket.request, ticket.name, hold.park,
+                                     max(delay, 0.0))  # fmt: skip
         if parked:
+            ticket.notes.pop(IN_DOUBT, None)
             gate.held(ticket, hold, parked=True)
             self._left(ticket, delay)
             return
+        doubt = parked is Park.IN_DOUBT or IN_DOUBT in ticket.notes
+        if doubt:
+            ticket.notes[IN_DOUBT] = hold
         key = id(ticket.request)
-        self.holds.hold(ticket.consumer, key, hold.seconds, self._held_due, (ticket,),
-                        request=ticket.request)  # fmt: skip
-        gate.held(ticket, hold, parked=False)
+        self.holds.hold(ticket.consumer, key, PARK_AGAIN if doubt else hold.seconds,
+                        self._held_due, (ticket,), request=ticket.request)  # fmt: skip
+        if not doubt:
+            gate.held(ticket, hold, parked=False)
 
     def _left(self, ticket: Ticket, seconds: float) -> None:
         """*ticket* left this worker before running: the gates it passed that hear endings
@@ -236,6 +238,10 @@ class Pipeline:
         with self.serial:
             if not self.holds.release(ticket.consumer, id(ticket.request)):
                 return  # dropped by stop()
+            doubt = ticket.notes.get(IN_DOUBT)
+            if doubt is not None:  # parked again, not asked again
+                self._wait(ticket, self.chains[ticket.name][ticket.stage], doubt)
+                return
             self._advance(ticket)  # the same gate is asked again
 
     # -- endings -----------------------------------------------------------------------------

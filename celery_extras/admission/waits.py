@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from .. import compat
+from ..delay.parking import Park
 
 __all__ = ["TimerHolds", "park_message"]
 
@@ -57,16 +58,18 @@ class TimerHolds:
         self._entries.clear()
 
 
-def park_message(arrival: Any, request: Any, name: str, kind: str, delay: float) -> str | None:
-    """Park *request*'s message in the delay store for *delay* s, then ack it: its entry's
-    id, or ``None`` (nothing acked) when it cannot be parked: the caller holds it instead."""
+def park_message(arrival: Any, request: Any, name: str, kind: str, delay: float
+                 ) -> tuple[Park, str]:  # fmt: skip
+    """Park *request*'s message in the delay store for *delay* s, then ack it: how it went
+    and its entry's id. Unless :attr:`~Park.PARKED` nothing is acked: the caller holds it
+    (:attr:`~Park.IN_DOUBT`: and parks it again before it may run it)."""
     message = request.message
     headers = message.headers or {}
     if "task" not in headers or "id" not in headers:
-        return None  # protocol 1 message: hold it instead
+        return Park.KEPT, ""  # protocol 1 message: hold it instead
     parker = arrival.parker
     eid, entry = parker.entry_of_message(message, name, kind)
-    if not parker.park(eid, entry, delay, request):
-        return None
-    request.acknowledge()
-    return str(eid)
+    parked = parker.park(eid, entry, delay, request)
+    if parked:
+        request.acknowledge()
+    return parked, str(eid)

@@ -57,7 +57,11 @@ def in_batch() -> bool:
 
 
 def install_batch(task: Task) -> None:
-    """Make *task*'s ``retry`` retry its batch's calls when it runs as a batch (idempotent)."""
+    """Make *task*'s ``retry`` retry its batch's calls when it runs as a batch, and turn off
+    Celery's argument check (``typing``): a call's arguments are not the function's
+    (``def add(calls)``), so ``add.delay(1, 2)``, a chain's or a chord's callback would
+    fail it (idempotent)."""
+    task.typing = False
     if task.__dict__.get("_extras_batch_retry"):
         return
     original = task.retry

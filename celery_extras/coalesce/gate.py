@@ -54,6 +54,7 @@ from ..admission.serial import serial
 from ..admission.spec import call_key
 from ..admission.store_round import NO_REPLY, StoreCall
 from ..clock import monotonic, wall
+from ..delay.gate import hurry
 from ..signals import task_coalesced
 from ..store.client import store_user
 from .holds import Holds
@@ -256,7 +257,7 @@ class CoalesceGate(Gate):
         if done.covered:
             self._end_covered(ticket.name, ticket.request.id, done, known_outcome(ticket))
         if done.parked:
-            self._pipeline.hurry(self._consumer, done.parked, "a parked coalesced run")
+            hurry(self._consumer, done.parked, "a parked coalesced run")
         if holding.bucket in self.waiting:
             self.wake(holding.bucket)
 

@@ -53,6 +53,7 @@ from ..admission.serial import serial
 from ..admission.spec import call_key
 from ..clock import monotonic, wall
 from ..delay.capability import parking_uses
+from ..delay.gate import hurry
 from ..signals import task_debounced
 from ..store.client import store_user
 from .endings import DebounceHolding, Waiting, per_task, renew_runs
@@ -230,7 +231,7 @@ class DebounceGate(Gate):
         self.endings.schedule(self._consumer, ticket.name, mid, covered_messages(done),
                               known=known_outcome(ticket))  # fmt: skip
         if done.parked:
-            self._pipeline.hurry(self._consumer, done.parked, "a parked debounced message")
+            hurry(self._consumer, done.parked, "a parked debounced message")
         if holding.bucket in self.waiting:
             self.wake(holding.bucket)
 

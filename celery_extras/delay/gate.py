@@ -26,10 +26,10 @@ from ..admission.waits import TimerHolds
 from ..clock import monotonic
 from ..clock import wall as clock_wall
 from .entry import CLAIM_HEADER, PARKED_HEADER
-from .parking import STORE_ERRORS, Parker
+from .parking import STORE_ERRORS, Park, Parker
 from .store import TakeStatus
 
-__all__ = ["DELAY_ATTR", "ArrivalGate", "ReleasedSlot", "slot_of_kind"]
+__all__ = ["DELAY_ATTR", "ArrivalGate", "ReleasedSlot", "hurry", "slot_of_kind"]
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,11 @@ class ArrivalGate:
         if delay is None or delay <= self.eta_threshold:
             return False
         eid, entry = self.parker.entry_of_message(message, name, "eta")
-        if not self.parker.park(eid, entry, delay):
+        parked = self.parker.park(eid, entry, delay)
+        if parked is Park.IN_DOUBT:  # the store may hold it: not run here, parked again later
+            self._wait_for_store(consumer, name, message, ack)
+            return True
+        if not parked:
             return False  # the store is away: Celery keeps it in the timer, unacked
         self.counts["eta_parked"] += 1
         ack(logger, consumer.connection_errors)
@@ -246,3 +250,15 @@ def slot_of_kind(kind: str) -> tuple[int, frozenset[int]] | None:
     if len(held) > _MOST_HELD or not all(h.isdecimal() and len(h) <= 3 for h in held):
         held = []
     return index, frozenset(int(h) for h in held) - {index}
+
+
+def hurry(consumer: Any, entry: str, what: str) -> None:
+    """Make the parked message of *entry* (*what* it is) due now, else it comes back only
+    when its wait, or the run's lease, would have ended."""
+    arrival = getattr(consumer, DELAY_ATTR, None)
+    if arrival is None:
+        return
+    try:
+        arrival.parker.store.hurry(entry)
+    except Exception as exc:
+        arrival.parker.store_failed(f"making {what} due", exc)

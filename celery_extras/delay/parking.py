@@ -13,6 +13,7 @@ cost every task the wait.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -50,6 +51,7 @@ __all__ = [
     "CLUSTER_SHARDS",
     "REPLICA_RETRY",
     "STORE_ERRORS",
+    "Park",
     "Parker",
     "delay_shards",
     "due_queue",
@@ -62,6 +64,30 @@ logger = logging.getLogger(__name__)
 STORE_ERRORS = (redis.RedisError, StoreUnavailable, OSError)
 #: Seconds after a park no replica acknowledged during which parks fail at once (held).
 REPLICA_RETRY = 5.0
+
+
+class Park(enum.Enum):
+    """How a park went: true only when :attr:`PARKED`. :attr:`IN_DOUBT`: the store may have
+    stored it (its reply was lost: a timeout, a connection dropped mid-call), so the caller
+    must neither run its copy nor publish another; parking it again settles it (a park of a
+    known entry answers stored, and so does its tombstone once a mover released it)."""
+
+    PARKED = "parked"
+    KEPT = "kept"
+    IN_DOUBT = "in doubt"
+
+    def __bool__(self) -> bool:
+        return self is Park.PARKED
+
+
+def _maybe_done(exc: BaseException) -> bool:
+    """Whether the store may have done a call that raised *exc*: anything but a refused
+    connection, a refusal of ours or an error the store answered with."""
+    if isinstance(exc, redis.TimeoutError):
+        return True
+    if isinstance(exc, redis.ConnectionError):
+        return "connecting to" not in str(exc)
+    return False
 
 
 def park_replicas(app: Celery) -> int:
@@ -144,7 +170,8 @@ class Parker:
         #: no replica acknowledged the last park tried; parks fail at once until this time
         self.unreplicated = False
         self._replica_retry_at = 0.0
-        self.counts = {"parked": 0, "park_errors": 0, "park_unreplicated": 0, "park_refused": 0}
+        self.counts = {"parked": 0, "park_errors": 0, "park_unreplicated": 0, "park_refused": 0,
+                       "park_in_doubt": 0}  # fmt: skip
 
     @property
     def down(self) -> bool:
@@ -232,23 +259,22 @@ class Parker:
             routing_key=info.get("routing_key") or "",
         )
 
-    def park(self, eid: str, entry: Entry, delay: float, request: Any = None) -> bool:
-        """Store *entry* due in *delay* s; ``True`` when it is stored (now or already before).
-
-        ``False`` (logged once per outage) when the store cannot take it: the caller
-        keeps the message.
+    def park(self, eid: str, entry: Entry, delay: float, request: Any = None) -> Park:
+        """Store *entry* due in *delay* s: :attr:`Park.PARKED` when it is stored (now or
+        already before), :attr:`Park.KEPT` (logged once per outage) when the store cannot take
+        it: the caller keeps the message; :attr:`Park.IN_DOUBT` (see :class:`Park`).
         """
         start = monotonic()
         if not self.health.up():  # the store failed a moment ago: keep the message, at once
             self.counts["park_errors"] += 1
-            return False
+            return Park.KEPT
         refusal = self.safety.refusal()
         if refusal is not None:  # full (a write refused for memory), or it may evict parks
             self.counts["park_errors" if refusal == "full" else "park_refused"] += 1
-            return False
+            return Park.KEPT
         if self.unreplicated and self.clock() < self._replica_retry_at:
             self.counts["park_unreplicated"] += 1
-            return False  # no replica acknowledged a park a moment ago: keep it, at once
+            return Park.KEPT  # no replica acknowledged a park a moment ago: keep it, at once
         try:
             new = self.store.park(eid, entry, delay)
         except ParkNotReplicated as exc:
@@ -262,13 +288,16 @@ class Parker:
                     "replica does (tried again every %.0f s; logged once per outage)",
                     exc, entry.task, entry.task_id, REPLICA_RETRY,
                 )  # fmt: skip
-            return False
+            return Park.KEPT
         except STORE_ERRORS as exc:
             self.counts["park_errors"] += 1
             if isinstance(exc, redis.exceptions.OutOfMemoryError):
                 self.safety.full()
             self.store_failed(f"parking {entry.task}[{entry.task_id}]", exc)
-            return False
+            if _maybe_done(exc):
+                self.counts["park_in_doubt"] += 1
+                return Park.IN_DOUBT
+            return Park.KEPT
         self.store_answered()
         if self.unreplicated:
             self.unreplicated = False
@@ -277,4 +306,4 @@ class Parker:
             self.counts["parked"] += 1
             due = max(0.0, delay - (monotonic() - start))
             task_parked.send(sender=entry.task, request=request, due=due)
-        return True
+        return Park.PARKED

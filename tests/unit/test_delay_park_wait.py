@@ -18,7 +18,7 @@ from celery import Celery
 from redis.exceptions import NoScriptError
 
 import celery_extras
-from celery_extras.delay.parking import REPLICA_RETRY, Parker, park_replicas
+from celery_extras.delay.parking import REPLICA_RETRY, Park, Parker, park_replicas
 from celery_extras.delay.redis_store import (
     PARK,
     WITHDRAW,
@@ -203,11 +203,11 @@ def test_parker_keeps_the_message_logs_once_and_retries_after_a_while(
     store = parker._store = RefusingStore()  # type: ignore[assignment]
     parker.safety.refusal = lambda: None  # type: ignore[method-assign]  # no INFO to read
     caplog.set_level(logging.WARNING, "celery_extras.delay.parking")
-    assert parker.park("e1", make_entry("t1"), 60.0) is False
-    assert parker.park("e2", make_entry("t2"), 60.0) is False  # at once, the store not asked
+    assert parker.park("e1", make_entry("t1"), 60.0) is Park.KEPT
+    assert parker.park("e2", make_entry("t2"), 60.0) is Park.KEPT  # at once, the store not asked
     assert store.parks == 1 and parker.counts["park_unreplicated"] == 2
     clock.now += REPLICA_RETRY
-    assert parker.park("e2", make_entry("t2"), 60.0) is False
+    assert parker.park("e2", make_entry("t2"), 60.0) is Park.KEPT
     assert store.parks == 2
     assert parker.counts["parked"] == 0 and parker.counts["park_errors"] == 0
     assert not parker.down  # the store answers; only its replicas do not
@@ -215,7 +215,7 @@ def test_parker_keeps_the_message_logs_once_and_retries_after_a_while(
     assert len(errors) == 1 and "replicas do not acknowledge" in errors[0].getMessage()
     clock.now += REPLICA_RETRY
     store.ok = True
-    assert parker.park("e2", make_entry("t2"), 60.0) is True
+    assert parker.park("e2", make_entry("t2"), 60.0) is Park.PARKED
     assert parker.counts["parked"] == 1 and not parker.unreplicated
     assert "acknowledges parks again" in caplog.records[-1].getMessage()
 
@@ -295,15 +295,48 @@ def test_parks_in_an_outage_ask_the_store_once_per_retry_interval(
     parker.safety.refusal = lambda: None  # type: ignore[method-assign]  # no INFO to read
     caplog.set_level(logging.WARNING, "celery_extras.delay.parking")
     results = [parker.park(f"e{i}", make_entry(f"t{i}"), 60.0) for i in range(5)]
-    assert results == [False] * 5 and store.parks == 1 and parker.counts["park_errors"] == 5
+    assert results == [Park.KEPT] * 5 and store.parks == 1 and parker.counts["park_errors"] == 5
     clock.now += 1.9
-    assert parker.park("e5", make_entry("t5"), 60.0) is False and store.parks == 1
+    assert parker.park("e5", make_entry("t5"), 60.0) is Park.KEPT and store.parks == 1
     clock.now += 0.1
     store.ok = True
-    assert parker.park("e6", make_entry("t6"), 60.0) is True and store.parks == 2
+    assert parker.park("e6", make_entry("t6"), 60.0) is Park.PARKED and store.parks == 2
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(" (")[0] for line in lines] == [
         "celery-extras: the store failed",  # the process' one line, naming the delay store
         "celery-extras: the store answers again after 2.0 s",
     ]
     assert "; delay store: while parking tasks.add[t0]: waiting tasks are held" in lines[0]
+
+
+class LostReplyStore:
+    """A delay store whose parks fail with *error* after (maybe) storing the entry."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def park(self, entry_id: str, entry: Any, delay: float) -> bool:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        (redis.TimeoutError("Timeout reading from socket"), Park.IN_DOUBT),
+        (redis.ConnectionError("Connection closed by server."), Park.IN_DOUBT),
+        (redis.ConnectionError("Error 111 connecting to h:1. Connection refused."), Park.KEPT),
+        (redis.ResponseError("ERR unknown command"), Park.KEPT),
+    ],
+)
+def test_a_park_whose_reply_was_lost_is_in_doubt_one_never_sent_is_kept(
+    error: Exception, outcome: Park
+) -> None:
+    """The caller of a park in doubt must neither run its copy nor publish another: the store
+    may hold the entry. A refused connection, or an error the store answered with, stored
+    nothing."""
+    parker = Parker(app_with(broker_url="redis://localhost:1/0"), clock=FakeClock())
+    parker._store = LostReplyStore(error)  # type: ignore[assignment]
+    parker.safety.refusal = lambda: None  # type: ignore[method-assign]  # no INFO to read
+    parked = parker.park("e1", make_entry("t1"), 5.0)
+    assert parked is outcome and not parked
+    assert parker.counts["park_in_doubt"] == (outcome is Park.IN_DOUBT)

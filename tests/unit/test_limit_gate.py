@@ -23,6 +23,7 @@ from celery_extras.admission.consumer import AdmittedConsumer
 from celery_extras.admission.pipeline import Pipeline
 from celery_extras.admission.registry import TaskPolicies
 from celery_extras.bounds import MAX_WAIT
+from celery_extras.delay.parking import Park
 from celery_extras.limits.gate import LimitGate
 from celery_extras.limits.planner import PARKED_PACE
 from celery_extras.limits.rate import MIN_RATE
@@ -369,9 +370,9 @@ def test_a_fallback_slot_is_not_parked_as_booked(
     store.error = redis.ConnectionError("down")
     parked: list[float] = []
 
-    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> str | None:
+    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> tuple[Park, str]:
         parked.append(delay)
-        return "entry"
+        return Park.PARKED, "entry"
 
     monkeypatch.setattr(pipeline_module, "park_message", park)
     consumer, _arrival = gated_consumer()
@@ -384,6 +385,44 @@ def test_a_fallback_slot_is_not_parked_as_booked(
     clock.now += gate.planner.store_retry
     pipeline.submit(consumer, Request(), "g10")
     assert len(parked) == 1 and gate.counts["parked"] == 1
+
+
+def test_a_park_left_in_doubt_is_parked_again_never_run_here(
+    global10: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A park whose reply the store lost (a timeout: it may hold the message) is neither run
+    here nor asked of the gate again: the message is held and parked again every
+    ``PARK_AGAIN`` s, through a store that refuses connections meanwhile, until a park says
+    it is stored (found by the chaos checker, seed 2: an ETA message ran here and from the
+    store)."""
+    pipeline, _gate, clock, _store = global10
+    consumer = TimedConsumer(clock)
+    consumer.extras_delay = Arrival()  # type: ignore[attr-defined]
+    asked: list[str] = []
+    doubted: dict[str, list[Park]] = {}
+
+    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> tuple[Park, str]:
+        asked.append(request.id)
+        if not doubted:
+            doubted[request.id] = [Park.KEPT, Park.PARKED]  # refused, then stored
+            return Park.IN_DOUBT, "entry"
+        return doubted[request.id].pop(0) if request.id in doubted else Park.PARKED, "entry"
+
+    monkeypatch.setattr(pipeline_module, "park_message", park)
+    requests = [Request() for _ in range(30)]
+    for request in requests:  # 2 run, the next held, those waiting beyond 2 s parked
+        pipeline.submit(consumer, request, "g10")
+    (doubt,) = doubted
+    assert asked.count(doubt) == 1
+    consumer.fire_until(clock.now + 1.0)  # held PARK_AGAIN s, parked again: refused
+    assert asked.count(doubt) == 2
+    consumer.fire_until(clock.now + 1.0)  # and again: stored
+    assert asked.count(doubt) == 3
+    consumer.fire_until(clock.now + 60.0)
+    assert asked.count(doubt) == 3  # settled: neither parked nor asked again
+    parked = set(asked)
+    ran = {r.id for r in consumer.ran}
+    assert doubt not in ran and not ran & parked and len(ran | parked) == 30
 
 
 def test_an_eta_timer_of_a_lost_connection_runs_nothing(limits: Any) -> None:
@@ -438,9 +477,9 @@ def test_a_parked_wait_ends_at_its_booked_slot_whatever_time_passed_before_parki
     store = gate.planner._bucket = FakeGlobal(clock)
     stored: list[float] = []
 
-    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> str | None:
+    def park(arrival: Any, request: Any, name: str, kind: str, delay: float) -> tuple[Park, str]:
         stored.append(clock.now + delay)
-        return "entry"
+        return Park.PARKED, "entry"
 
     def slow_receiver(sender: Any = None, **kwargs: Any) -> None:
         clock.now += 0.5
