@@ -9,21 +9,33 @@ store holds for them (:func:`purge_parked_too`).
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import json
 import math
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
 from celery import Celery
 from celery.bin.base import CeleryCommand, CLIContext
+from kombu.utils.url import maybe_sanitize_url
 
 from . import compat
-from .bounds import shown
+from .bounds import cut, shown
 from .limits.spec import limit_id
 from .settings import declared_settings, settings_of
 
-__all__ = ["extras", "purge_parked_too"]
+__all__ = [
+    "answering_store",
+    "did_you_mean",
+    "extras",
+    "known_task",
+    "purge_parked_too",
+    "store_down",
+]
 
 
 def app_of(ctx: click.Context) -> Celery:
@@ -31,6 +43,48 @@ def app_of(ctx: click.Context) -> Celery:
     obj: CLIContext = ctx.obj
     app: Celery = obj.app
     return app
+
+
+def did_you_mean(app: Celery, name: str) -> str:
+    """``"; did you mean a.b?"`` naming the app's task closest to *name* (``""``: none)."""
+    names = [n for n in app.tasks if not n.startswith("celery.")]
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def known_task(app: Celery, name: str) -> None:
+    """Refuse *name* unless it is a task of the app (its task modules imported, as a worker
+    imports them), naming the closest: a typo must not store a setting nobody reads."""
+    try:
+        app.loader.import_default_modules()
+    except Exception:  # the project's modules may need what only workers have: cannot tell
+        return
+    if name not in app.tasks:
+        raise click.ClickException(
+            f"{name}: no task of this app has that name{did_you_mean(app, name)}"
+        )
+
+
+def store_down(app: Celery, reason: str) -> click.ClickException:
+    """The one-line error (exit 1) of a command whose store does not answer, for *reason*."""
+    from .store.client import store_url
+
+    url = store_url(app)
+    where = f"the store at {maybe_sanitize_url(url)}" if url else "the store"
+    return click.ClickException(
+        f"store down: {where} does not answer ({cut(' '.join(reason.split()), 200)})"
+    )
+
+
+@contextlib.contextmanager
+def answering_store(app: Celery) -> Iterator[None]:
+    """Turn a store error in the block into :func:`store_down`'s line, not a traceback."""
+    from .delay.parking import STORE_ERRORS
+
+    try:
+        yield
+    except STORE_ERRORS as exc:
+        raise store_down(app, f"{type(exc).__name__}: {exc}") from None
 
 
 class Seconds(click.FloatRange):
@@ -110,35 +164,40 @@ def limit_command(
     if show:
         if rate is not None or burst is not None or key is not None or which is not None:
             raise click.UsageError("--show takes only TASK_NAME")
-        _show_limits(show_limits(app, timeout), task_name)
+        with answering_store(app):
+            limits = show_limits(app, timeout)
+        _show_limits(app, limits, task_name)
         return
     if reset and (rate is not None or burst is not None):
         raise click.UsageError("RATE and --burst go only with setting a limit")
     if task_name is None or (rate is None and not reset):
         raise click.UsageError("TASK_NAME and RATE are needed (or --show, or --reset TASK_NAME)")
-    which = _which_limit(task_name, which, limited_tasks(app, timeout))
+    which = _which_limit(app, task_name, which, limited_tasks(app, timeout))
     for_key = f" for key {key!r}" if key else ""
     if reset:
-        replies = reset_limit(app, task_name, timeout, key, which)
+        with answering_store(app):
+            replies = reset_limit(app, task_name, timeout, key, which)
         click.echo(f"{task_name}{for_key}: stored rate removed; workers use its limit() again")
         _echo_replies(replies)
         return
     assert rate is not None
     try:
-        replies = set_limit(app, task_name, rate, burst, timeout, key, which)
+        with answering_store(app):
+            replies = set_limit(app, task_name, rate, burst, timeout, key, which)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="RATE/--burst") from None
     click.echo(f"{task_name}{for_key}: {rate} stored; workers started later apply it too")
     _echo_replies(replies)
 
 
-def _which_limit(task_name: str, which: int | None, known: dict[str, Any]) -> int:
+def _which_limit(app: Celery, task_name: str, which: int | None, known: dict[str, Any]) -> int:
     """The place (1-based) of the limit() of *task_name* a change is for."""
     if task_name not in known:
         names = ", ".join(sorted(known)) or "none"
+        hint = "" if task_name in app.tasks else did_you_mean(app, task_name)
         raise click.ClickException(
             f"{task_name}: no worker limits this task and the app declares no limit() for it; "
-            f"nothing stored (limited tasks: {names})"
+            f"nothing stored (limited tasks: {names}){hint}"
         )
     declared = known[task_name]["app"] or []
     if which is None and len(declared) > 1:
@@ -156,14 +215,17 @@ def _echo_replies(replies: list[dict[str, Any]]) -> None:
             click.echo(f"  {worker}: {answer.get('ok') or 'ERROR: ' + str(answer.get('error'))}")
 
 
-def _show_limits(shown: dict[str, Any], only: str | None) -> None:
+def _show_limits(app: Celery, shown: dict[str, Any], only: str | None) -> None:
     stored: dict[str, str] = shown["stored"]
     tasks: dict[str, Any] = shown["tasks"]
     names = sorted(set(stored) | set(tasks))
     if only is not None:
         names = [n for n in names if n == only]
         if not names:
-            raise click.ClickException(f"{only}: no worker limits this task, and no rate is stored")
+            hint = "" if only in app.tasks else did_you_mean(app, only)
+            raise click.ClickException(
+                f"{only}: no worker limits this task, and no rate is stored{hint}"
+            )
     if not names:
         click.echo("no limited tasks (no worker answered, and the app declares no limit())")
     for name in names:
@@ -222,8 +284,11 @@ def concurrency_command(ctx: click.Context, task_name: str, n: int | None, reset
 
     if (n is None) != reset:
         raise click.UsageError("give N (tasks at once) or --reset, not both")
+    app = app_of(ctx)
+    known_task(app, task_name)
     try:
-        set_concurrency(app_of(ctx), task_name, None if reset else n)
+        with answering_store(app):
+            set_concurrency(app, task_name, None if reset else n)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="N") from None
     what = "the task's own cap" if reset else f"at most {n} at once"
@@ -235,7 +300,8 @@ def concurrency_command(ctx: click.Context, task_name: str, n: int | None, reset
               show_default=True, help="Seconds between redraws.")  # fmt: skip
 @click.option("--iterations", type=click.IntRange(min=1), default=None,
               help="Draw this many frames, then exit (1: one frame).")  # fmt: skip
-@click.option("--no-clear", is_flag=True, help="Append frames instead of redrawing in place.")
+@click.option("--no-clear", is_flag=True, help="Append frames instead of redrawing in place "
+              "(always, when the output is not a terminal).")  # fmt: skip
 @click.option("--timeout", type=Seconds(min=0.1, max=60), default=1.0,
               show_default=True, help="Seconds to wait for inspect stats at start.")  # fmt: skip
 @click.pass_context
@@ -245,7 +311,8 @@ def top_command(
     """Live table of task rates, failures, waits and p95 runtime per worker and cluster-wide."""
     from .stats.monitor import top
 
-    top(app_of(ctx), refresh=refresh, iterations=iterations, clear=not no_clear,
+    clear = not no_clear and sys.stdout.isatty()  # piped: no clear-screen codes
+    top(app_of(ctx), refresh=refresh, iterations=iterations, clear=clear, out=sys.stdout,
         inspect_timeout=timeout)  # fmt: skip
 
 
@@ -283,13 +350,10 @@ def revoked_command(ctx: click.Context, limit: int, timeout: float, as_json: boo
     if not 0 <= limit <= 10000:
         raise click.BadParameter(f"{limit}: expected 0 to 10000", param_hint="--limit")
     listing = cluster_revoked(app_of(ctx), limit=limit, timeout=timeout)
+    store = listing["store"]
     if as_json:
         click.echo(json.dumps(listing, sort_keys=True, default=str))
-        return
-    store = listing["store"]
-    if "error" in store:
-        click.echo(f"store: ERROR {store['error']}")
-    else:
+    elif "error" not in store:
         click.echo(f"store: {store['ids']} ids, {store['stamps']} stamps "
                    f"(changes {store['seq']}, clock {store['clock']})")  # fmt: skip
         for task_id, expires_at in store["newest_ids"].items():
@@ -309,6 +373,8 @@ def revoked_command(ctx: click.Context, limit: int, timeout: float, as_json: boo
             click.echo(f"  {task_id}")
         for header, value in reply.get("stamps", []):
             click.echo(f"  {header}={value}")
+    if "error" in store:  # after what the workers said: exit 1, the store's part missing
+        raise store_down(app_of(ctx), str(store["error"]))
 
 
 def _tasks(count: int) -> str:
@@ -366,17 +432,15 @@ def delayed_command(ctx: click.Context, as_json: bool, drop: str | None, force: 
     `celery -A proj purge` (and -Q, -X) drops the parked tasks of the queues it purges.
     """
     from .delay.capability import delayed
-    from .delay.parking import STORE_ERRORS
 
     if force and drop is None:
         raise click.UsageError("-f/--force goes only with --drop TASK_NAME")
     if drop is not None:
         _drop_delayed(ctx, drop, force, as_json)
         return
-    try:
-        listing = delayed(app_of(ctx))
-    except STORE_ERRORS as exc:
-        raise click.ClickException(f"the delay store cannot be read: {exc!r}"[:300]) from None
+    app = app_of(ctx)
+    with answering_store(app):
+        listing = delayed(app)
     if as_json:
         click.echo(json.dumps(listing, sort_keys=True))
         return
@@ -407,30 +471,25 @@ def _drop_delayed(ctx: click.Context, name: str, force: bool, as_json: bool) -> 
     """``delayed --drop TASK_NAME``: refuse a name that is no task of the app and has nothing
     parked (a typo), ask unless *force*, drop, print how many."""
     from .delay.capability import delayed
-    from .delay.parking import STORE_ERRORS
     from .delay.purge import MAX_TASK_NAME, drop_delayed
 
     if not name.strip() or len(name) > MAX_TASK_NAME:
         raise click.BadParameter(f"{name[:40]!r}: expected a task name (1 to {MAX_TASK_NAME} "
                                  "characters)", param_hint="--drop")  # fmt: skip
     app = app_of(ctx)
-    try:
+    with answering_store(app):
         tasks: dict[str, Any] = delayed(app)["tasks"]
-    except STORE_ERRORS as exc:
-        raise click.ClickException(f"the delay store cannot be read: {exc!r}"[:300]) from None
     parked = int(tasks.get(name, {}).get("parked", 0))
     if not parked and name not in app.tasks:
         raise click.ClickException(
             f"{name}: no task of this app has that name, and nothing is parked under it "
-            f"(parked: {', '.join(tasks) or 'none'})"
+            f"(parked: {', '.join(tasks) or 'none'}){did_you_mean(app, name)}"
         )
     if parked and not force:
         click.confirm(f"This will drop {parked} parked {_tasks(parked)} of {name} from the "
                       "delay store. There is no undo. Are you sure?", abort=True)  # fmt: skip
-    try:
+    with answering_store(app):
         dropped = drop_delayed(app, name) if parked else 0
-    except STORE_ERRORS as exc:
-        raise click.ClickException(f"the delay store cannot be written: {exc!r}"[:300]) from None
     if as_json:
         click.echo(json.dumps({"task": name, "dropped": dropped}))
     elif dropped:
@@ -445,16 +504,13 @@ def _drop_delayed(ctx: click.Context, name: str, force: bool, as_json: bool) -> 
 def coalesce_command(ctx: click.Context, as_json: bool) -> None:
     """List the coalesced keys held in the store: the run of each, and its waiting run."""
     from .coalesce.redis_holds import RedisHolds
-    from .delay.parking import STORE_ERRORS
     from .store.client import redis_client, store_key, store_url
 
     app = app_of(ctx)
     if store_url(app) is None:
         raise click.ClickException("no store (extras_redis_url, or a Redis broker or backend)")
-    try:
+    with answering_store(app):
         listing = list(RedisHolds(redis_client(app, background=True), store_key(app)).listing())
-    except STORE_ERRORS as exc:
-        raise click.ClickException(f"the store cannot be read: {exc!r}"[:300]) from None
     if as_json:
         click.echo(json.dumps(listing, sort_keys=True))
         return

@@ -58,6 +58,7 @@ __all__ = [
     "loop_closed",
     "missing",
     "narrow_prefetch",
+    "on_every_app_finalize",
     "on_strategies_rebuilt",
     "pool_poll_start",
     "promise_proxy_parts",
@@ -397,6 +398,10 @@ PRIVATE: tuple[Private, ...] = (
     Private("celery", "shared_task", _shared_task_closure,
             "closure cells 'fun' and 'name' of the shared task's getter",
             "limit()/retry_policy() above @shared_task", probe=True),
+    Private("celery._state", "connect_on_app_finalize", _callable("callback"),
+            "connect_on_app_finalize(callback), called with every app as it finalizes",
+            "a policy task sent from an app without install(app) warns",
+            fallback="no warning at send (the worker still refuses to start)", probe=True),
     Private("celery.events.receiver", "EventReceiver._receive", _receive,
             "_receive(body, message), the callback of get_consumers()",
             "stats monitor: a malformed event is dropped, not raised"),
@@ -659,6 +664,13 @@ def limited_set_newest(limited: Any, limit: int) -> list[Any]:
     newest = list(itertools.islice(reversed(data), max(limit, 0)))
     newest.reverse()
     return newest
+
+
+def on_every_app_finalize(callback: Callable[[Any], None]) -> None:
+    """Call *callback* with every app as it finalizes (the hook ``@shared_task`` uses)."""
+    connect = getattr(importlib.import_module("celery._state"), "connect_on_app_finalize", None)
+    if connect is not None:
+        connect(callback)
 
 
 def promise_proxy_parts(proxy: Any) -> tuple[tuple[Any, ...], Mapping[str, Any]]:

@@ -7,6 +7,7 @@ bootsteps and hooks to the app. Calling it again only re-applies options.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
 import weakref
@@ -34,7 +35,7 @@ from .settings import (
     settings_of,
 )
 from .stats.capability import STATS
-from .store.client import StoreStep
+from .store.client import StoreStep, check_store
 from .sync.capability import SYNC
 from .workarounds import EventLoopGuard, PoolFlushGuard, RedisCloseGuard
 
@@ -86,6 +87,7 @@ class ExtrasStep(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         check_worker()  # fail the worker start naming the Celery version and the feature
         settings_of(parent.app)  # fail the worker start with a message naming the setting
+        check_store(parent.app)  # a store that can never work too (a Sentinel without master)
         warning = green_pool_acks(parent.app, parent.pool_cls, parent.concurrency)
         if warning:
             logger.warning("celery-extras: %s", warning)
@@ -134,7 +136,9 @@ def install(app: Celery, **options: Any) -> Celery:
     by_name = {name: s for s in declared for name in (s.name, *s.formerly)}
     for name in options:
         if name not in by_name:
-            raise ImproperlyConfigured(f"{PREFIX}{name}: unknown celery-extras setting")
+            close = difflib.get_close_matches(name, [s.name for s in declared], n=1)
+            hint = f"; did you mean {PREFIX}{close[0]}? ({close[0]}=...)" if close else ""
+            raise ImproperlyConfigured(f"{PREFIX}{name}: unknown celery-extras setting{hint}")
         if name != by_name[name].name:
             deprecated_name(PREFIX + name, by_name[name])
     declare(app, declared)
@@ -143,7 +147,7 @@ def install(app: Celery, **options: Any) -> Celery:
 
     if app in _installed:
         if app.configured:
-            settings_of(app)
+            _validate(app)
         return app
     _installed.add(app)
 
@@ -161,11 +165,17 @@ def install(app: Celery, **options: Any) -> Celery:
             capability.connect(app)
 
     if app.configured:
-        settings_of(app)
+        _validate(app)
     else:
         app.on_after_configure.connect(_validate_after_configure, sender=app, weak=False)
     return app
 
 
+def _validate(app: Celery) -> None:
+    """Fail naming the setting: a bad value, or store settings that can never work."""
+    settings_of(app)
+    check_store(app)
+
+
 def _validate_after_configure(sender: Celery, **kwargs: Any) -> None:
-    settings_of(sender)
+    _validate(sender)

@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, overload
+from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 from celery.exceptions import ImproperlyConfigured
@@ -54,6 +55,7 @@ __all__ = [
     "reject",
     "settings_of",
     "text",
+    "url_problem",
     "validate",
 ]
 
@@ -175,11 +177,42 @@ _STORE_SCHEMES = (
 
 
 def redis_url(key: str, value: Any) -> str:
+    """A store URL that can work: its scheme, and in each ``;``-separated part its host, port
+    and database (no connection is made: a store that does not answer is an outage)."""
     if not isinstance(value, str) or not value.startswith(_STORE_SCHEMES):
         raise reject(
             key, "a redis://, rediss://, unix://, redis+cluster:// or sentinel:// URL", value
         )
+    scheme = value.split("://", 1)[0]
+    for part in (p for p in value.split(";") if p):
+        problem = url_problem(part, scheme)
+        if problem:
+            raise ImproperlyConfigured(f"{key}: {problem}")
     return value
+
+
+def url_problem(part: str, scheme: str) -> str | None:
+    """What makes *part*, one URL of a store of *scheme* (``redis``, ``sentinel``...), unusable
+    whatever the network does, or ``None``. The database's upper bound (the server's
+    ``databases``, 16 by default) is known only to the server: Redis refuses a larger one."""
+    split = urlsplit(part)
+    port = split.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]  # IPv6 too
+    if port and not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
+        return f"port {port!r}: expected a number from 1 to 65535"
+    if scheme == "unix":
+        if not split.path:
+            return "expected the socket's path (unix:///path/to/redis.sock)"
+    elif not split.hostname and scheme not in ("redis", "rediss"):
+        return f"no host in {part.split('@')[-1]!r}"
+    databases = parse_qs(split.query).get("db", [])
+    if scheme != "unix" and split.path.strip("/"):
+        databases.append(split.path.strip("/"))
+    for db in databases:
+        if not (db.isascii() and db.isdigit()):
+            return f"database {db!r}: expected a number >= 0"
+        if "cluster" in scheme and int(db) != 0:
+            return f"database {db!r}: a Redis Cluster has database 0 only"
+    return None
 
 
 def redis_options(key: str, value: Any) -> dict[str, Any]:

@@ -6,35 +6,78 @@ argument), records the policy's spec on the task's function (see :mod:`.registry
 applies it to the tasks already made from that function in every app celery-extras is
 installed on; apps finalized later apply it as they finalize (:func:`apply_to_task`: the
 admission strategy where a gate acts, each policy's own ``apply``).
+
+Misuse fails at import, naming the fix (:func:`refuses_bare`: ``@limit`` without its
+arguments; ``refuses_rate_limit``: a policy stacked over Celery's own ``rate_limit``).
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from celery import Celery, Task
 
 from .consumer import admitted_strategy
-from .registry import TaskPolicies, policies_of, record, target_of, tasks_made_from
+from .registry import TaskPolicies, policies_of, rate_limit_of, record, target_of, tasks_made_from
+from .spec import PolicyError
+from .uninstalled import connect
 
-__all__ = ["apply_policies", "apply_to_task", "recording", "track_app"]
+__all__ = ["apply_policies", "apply_to_task", "recording", "refuses_bare", "track_app"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _apps: weakref.WeakSet[Celery] = weakref.WeakSet()
+connect()  # an app without install(app) refuses to start its worker, warns when it sends
 #: The strategy of a task a gate acts on (by name, as Celery takes it).
 _STRATEGY = f"{admitted_strategy.__module__}:{admitted_strategy.__name__}"
 
 
-def recording(policy: str, build: Callable[[str, TaskPolicies], Any]) -> Callable[[T], T]:
+def refuses_bare(example: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Make a policy's decorator fail when used bare (``@limit`` without parentheses: called
+    with the task as its first argument), which would silently replace the task with the
+    decorator; the error shows *example*, the decorator with its arguments."""
+
+    def wrap(make: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(make)
+        def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+            if args and callable(args[0]):  # callable() evaluates no task proxy
+                try:
+                    what = f"on task {target_of(args[0])[1]!r}"
+                except TypeError:
+                    what = f"on {args[0]!r}"
+                raise TypeError(
+                    f"@{make.__name__} {what} is used bare: use @{make.__name__}(...) with its "
+                    f"arguments, e.g. {example}"
+                )
+            return make(*args, **kwargs)
+
+        return checked
+
+    return wrap
+
+
+def recording(
+    policy: str, build: Callable[[str, TaskPolicies], Any], refuses_rate_limit: str = ""
+) -> Callable[[T], T]:
     """A decorator recording ``build(task name, policies declared so far)`` as the task's
     *policy* and applying it in every app already finalized (checked now: errors name the
-    task and the argument)."""
+    task and the argument). *refuses_rate_limit* (the decorator's name, ``"limit()"``): the
+    task must not also have Celery's own ``rate_limit``, as the two would both hold."""
 
     def decorate(task: T) -> T:
         fun, name = target_of(task)
+        rate_limit = rate_limit_of(task) if refuses_rate_limit else None
+        if rate_limit is not None:
+            raise PolicyError(
+                f"{refuses_rate_limit} on task {name!r}: the task also has Celery's "
+                f"rate_limit={rate_limit!r}; do not combine them (both would hold, Celery's per "
+                f"worker): remove rate_limit= from its @app.task / @shared_task"
+            )
         declared = record(fun)
         declared.specs[policy] = build(name, declared)
         _apply_everywhere(fun)

@@ -18,7 +18,7 @@ from celery.local import PromiseProxy, Proxy
 from ..compat import promise_proxy_parts, shared_task_parts
 from .policy import Policy, policy_named, registered
 
-__all__ = ["POLICY_ATTR", "TaskPolicies", "policies_of", "target_of"]
+__all__ = ["POLICY_ATTR", "TaskPolicies", "policies_of", "rate_limit_of", "target_of"]
 
 POLICY_ATTR = "__extras_policies__"
 
@@ -83,6 +83,18 @@ def target_of(task: Any) -> tuple[Callable[..., Any], str]:
         f"{task!r} is not a Celery task: put limit()/retry_policy() above @app.task or "
         f"@shared_task (as every policy: {', '.join(p.decorator for p in registered())})"
     )
+
+
+def rate_limit_of(task: Any) -> Any:
+    """Celery's own ``rate_limit`` given to *task* (``@app.task(rate_limit=...)``), or ``None``:
+    read from a pending ``@app.task`` proxy's options or a task's class, never evaluating a
+    proxy (a ``@shared_task`` proxy's options are not known before an app makes it)."""
+    kind = type(task)
+    if issubclass(kind, PromiseProxy):
+        return promise_proxy_parts(task)[1].get("rate_limit")
+    if not issubclass(kind, Proxy) and isinstance(task, Task):
+        return task.rate_limit
+    return None
 
 
 def policies_of(task: Task) -> TaskPolicies | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..admission.decorators import recording
+from ..admission.decorators import recording, refuses_bare
 from ..admission.spec import KeyFunc
 from .spec import BatchSpec
 
@@ -14,6 +14,7 @@ __all__ = ["batch"]
 T = TypeVar("T")
 
 
+@refuses_bare("@batch(100, wait=1.0)")
 def batch(size: int, *, wait: float, key: KeyFunc | None = None) -> Callable[[T], T]:
     """Run the task once for many messages: it is called with a list of
     :class:`~celery_extras.Call` (``id``, ``args``, ``kwargs``, ``headers``), at most *size*

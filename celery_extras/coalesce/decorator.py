@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..admission.decorators import recording
+from ..admission.decorators import recording, refuses_bare
 from ..admission.registry import TaskPolicies
 from ..admission.sent import stamped_tasks
 from ..admission.spec import KeyFunc
@@ -16,6 +16,7 @@ __all__ = ["coalesce"]
 T = TypeVar("T")
 
 
+@refuses_bare("@coalesce(key=lambda args, kwargs: args[0])")
 def coalesce(*, key: KeyFunc, keep: str = "first", lease: float = 30.0) -> Callable[[T], T]:
     """Run at most one task of this name per ``key(args, kwargs)`` at once, cluster-wide,
     and only as often as needed (client-go's workqueue).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..admission.decorators import recording
+from ..admission.decorators import recording, refuses_bare
 from ..admission.spec import KeyFunc
 from .spec import ConcurrencySpec
 
@@ -14,6 +14,7 @@ __all__ = ["concurrency"]
 T = TypeVar("T")
 
 
+@refuses_bare("@concurrency(2)")
 def concurrency(
     n: int,
     *,
@@ -30,5 +31,7 @@ def concurrency(
     """
 
     return recording(
-        "concurrency", lambda name, _: ConcurrencySpec.build(name, n, key, scope, lease)
+        "concurrency",
+        lambda name, _: ConcurrencySpec.build(name, n, key, scope, lease),
+        refuses_rate_limit="concurrency()",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..admission.decorators import recording
+from ..admission.decorators import recording, refuses_bare
 from ..admission.registry import TaskPolicies
 from ..admission.sent import stamped_tasks
 from ..admission.spec import KeyFunc
@@ -16,6 +16,7 @@ __all__ = ["debounce"]
 T = TypeVar("T")
 
 
+@refuses_bare("@debounce(5.0, key=lambda args, kwargs: args[0])")
 def debounce(wait: float, *, key: KeyFunc, max_wait: float | None = None,
              lease: float = 30.0) -> Callable[[T], T]:  # fmt: skip
     """Run a task once per burst of messages of a ``key(args, kwargs)``: once the key has been

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..admission.decorators import recording
+from ..admission.decorators import recording, refuses_bare
 from ..admission.registry import TaskPolicies
 from ..admission.spec import KeyFunc
 from .spec import CostFunc, LimitSpec
@@ -15,6 +15,7 @@ __all__ = ["limit"]
 T = TypeVar("T")
 
 
+@refuses_bare("@limit('10/s')")
 def limit(
     rate: str | float,
     *,
@@ -38,4 +39,4 @@ def limit(
         spec = LimitSpec.build(name, rate, burst, scope, key, cost, shadow)
         return (spec, *declared.limits)  # decorators apply bottom-up: this one is on top
 
-    return recording("limits", build)
+    return recording("limits", build, refuses_rate_limit="limit()")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..admission.decorators import recording
+from ..admission.decorators import recording, refuses_bare
 from ..admission.spec import KeyFunc
 from .policies import RetryPolicy
 from .spec import RetrySpec
@@ -15,6 +15,7 @@ __all__ = ["retry_policy"]
 T = TypeVar("T")
 
 
+@refuses_bare("@retry_policy(policy=ExponentialBackoff(base=1, cap=60))")
 def retry_policy(
     *,
     on: type[BaseException] | tuple[type[BaseException], ...] = Exception,

@@ -38,6 +38,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 from celery import Celery, bootsteps
+from celery.exceptions import ImproperlyConfigured
 from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode
 from redis.commands.core import Script
@@ -64,6 +65,7 @@ __all__ = [
     "StoreClient",
     "StoreStep",
     "StoreUnavailable",
+    "check_store",
     "close_client",
     "connect",
     "forget_after_fork",
@@ -177,6 +179,27 @@ def store_kind(url: str, options: Mapping[str, Any]) -> str:
     if url.startswith(_SENTINEL_SCHEME):
         return "sentinel"
     return "redis"
+
+
+def check_store(app: Celery) -> None:
+    """Fail with :class:`ImproperlyConfigured` naming the setting where the store's settings
+    can never work together (a Sentinel URL with no master's name); the URL itself is checked
+    with its setting. Only a store that does not answer is an outage."""
+    url = store_url(app)
+    if url is None:
+        return
+    options = store_options(app)
+    if store_kind(url, options) != "sentinel" or options.get("master_name"):
+        return
+    if settings_of(app)[REDIS_URL]:
+        raise ImproperlyConfigured(
+            f"{REDIS_URL.key} is a Sentinel URL: set {REDIS_OPTIONS.key} = "
+            "{'master_name': ...}, the name of the master its Sentinels watch"
+        )
+    raise ImproperlyConfigured(
+        "the celery-extras store is the broker's Sentinel: set master_name in "
+        f"broker_transport_options (or {REDIS_OPTIONS.key} = {{'master_name': ...}})"
+    )
 
 
 def _retry(timeouts: bool) -> Retry:

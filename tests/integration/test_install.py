@@ -1,4 +1,5 @@
-"""install(app) on real workers: tasks run and the step reports itself.
+"""install(app) on real workers: tasks run and the step reports itself; a worker whose app
+has tasks with policies and no install(app) refuses to start.
 
 Bad settings stopping the worker start: tests/reliability/test_bad_input.py.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from tests.integration.conftest import Cluster
 from tests.support.journal import Journal
@@ -27,3 +30,17 @@ def test_installed_worker_runs_tasks_and_reports_itself(
     )
     installed = stats[worker.hostname]["extras_install"]
     assert installed["capabilities"] == ["sync", "policies", "delay", "consumer", "stats"]
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)  # one worker start: CI time
+def test_worker_of_an_app_without_install_refuses_to_start_naming_its_policy_tasks(
+    cluster: Cluster,
+) -> None:
+    cluster.configure(include=("tests.support.tasks_delay",), plain=True, extras_plain=False)
+    worker = cluster.worker("forgot", start=False).start(wait=False)
+    wait_for(lambda: not worker.alive(), timeout=60, what="the worker to refuse to start")
+    assert worker.proc is not None and worker.proc.returncode != 0
+    log = worker.log()
+    assert f"celery-extras is not installed on app {cluster.ns!r}" in log, log[-3000:]
+    assert "tests.delay.limited10" in log and "call celery_extras.install(app)" in log
+    assert "ready." not in log

@@ -33,7 +33,9 @@ def make_app(
 ) -> Celery:
     """A test app on *broker* whose queues, exchanges and store keys all start with *ns*.
 
-    *plain* leaves celery-extras out (its settings too), for side-by-side comparisons.
+    *plain* leaves celery-extras out (its settings too), for side-by-side comparisons:
+    ``extras_plain`` says so on purpose, or the worker of an app whose included modules declare
+    policies would refuse to start (``conf={"extras_plain": False}`` keeps that refusal).
     """
     app = Celery(ns, broker=broker, backend=BACKEND_URL, include=[*DEFAULT_INCLUDE, *include])
     app.conf.update(
@@ -57,6 +59,8 @@ def make_app(
     if not plain:
         app.conf.setdefault("extras_key_prefix", ns)
         celery_extras.install(app)
+    else:
+        app.conf.setdefault("extras_plain", True)
     return app
 
 

@@ -78,6 +78,15 @@ def test_unknown_option_is_named() -> None:
         install(make_app(), key_prefx="mine")
 
 
+def test_misspelt_option_gets_the_did_you_mean_of_the_conf_spelling() -> None:
+    message = (r"^extras_key_prefx: unknown celery-extras setting; "
+               r"did you mean extras_key_prefix\? \(key_prefix=\.\.\.\)$")  # fmt: skip
+    with pytest.raises(ImproperlyConfigured, match=message):
+        install(make_app(), key_prefx="mine")
+    with pytest.raises(ImproperlyConfigured, match=r"^extras_zzz: unknown celery-extras setting$"):
+        install(make_app(), zzz=1)
+
+
 def test_misspelled_setting_fails_at_install_on_a_configured_app() -> None:
     app = make_app(extras_redis_ulr="redis://localhost")
     app.conf.broker_url  # noqa: B018 - reading configures the app

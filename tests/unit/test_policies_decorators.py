@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from celery import Celery, shared_task
 import celery_extras
 from celery_extras import ExponentialBackoff, PolicyError, limit, retry_policy
 from celery_extras.admission.decorators import _STRATEGY
+from celery_extras.admission.policy import registered
 from celery_extras.admission.registry import policies_of, target_of
 from celery_extras.limits.spec import LimitSpec
 
@@ -158,3 +161,55 @@ def test_limit_above_shared_task_does_not_evaluate_the_proxy() -> None:
 
     assert "unit.shared_late" in plain.tasks  # registered, not looked up in `other`
     other.close()
+
+
+BARE = [
+    (celery_extras.limit, "@limit('10/s')"),
+    (celery_extras.concurrency, "@concurrency(2)"),
+    (celery_extras.coalesce, "@coalesce(key=lambda args, kwargs: args[0])"),
+    (celery_extras.debounce, "@debounce(5.0, key=lambda args, kwargs: args[0])"),
+    (celery_extras.batch, "@batch(100, wait=1.0)"),
+    (celery_extras.retry_policy, "@retry_policy(policy=ExponentialBackoff(base=1, cap=60))"),
+]
+
+
+@pytest.mark.parametrize(("decorator", "example"), BARE, ids=[d.__name__ for d, _ in BARE])
+def test_a_policy_decorator_used_bare_fails_naming_the_fix(
+    decorator: Callable[..., Any], example: str
+) -> None:
+    app = make_app()
+    name = decorator.__name__
+    message = (f"@{name} on task 'unit.bare' is used bare: use @{name}(...) with its "
+               f"arguments, e.g. {example}")  # fmt: skip
+    with pytest.raises(TypeError) as raised:
+        decorator(app.task(name="unit.bare", shared=False)(lambda: None))
+    assert str(raised.value) == message
+    with pytest.raises(TypeError, match=rf"^@{name} on <function .*> is used bare"):
+        decorator(lambda: None)  # above a plain function, not even a task
+
+
+def test_every_policy_decorator_is_checked_for_bare_use() -> None:
+    policies = {"limit", "concurrency", "coalesce", "debounce", "batch", "retry_policy"}
+    assert {d.__name__ for d, _ in BARE} == policies
+    assert {p.decorator.rstrip("()") for p in registered()} <= policies
+
+
+@pytest.mark.parametrize(
+    ("decorator", "what"),
+    [(lambda: limit("5/s"), "limit()"), (lambda: celery_extras.concurrency(2), "concurrency()")],
+)
+def test_limit_or_concurrency_over_celerys_rate_limit_fails_at_import(
+    decorator: Callable[[], Callable[[Any], Any]], what: str
+) -> None:
+    app = make_app()
+    message = (rf"^{re.escape(what)} on task 'unit.rated(_late)?': the task also has Celery's "
+               r"rate_limit='10/s'; do not combine them")  # fmt: skip
+
+    def rated() -> None: ...
+
+    with pytest.raises(PolicyError, match=message):  # @app.task before the app is finalized
+        decorator()(app.task(name="unit.rated", rate_limit="10/s", shared=False)(rated))
+    app.finalize()
+    with pytest.raises(PolicyError, match=message):  # and after: a task itself
+        decorator()(app.task(name="unit.rated_late", rate_limit="10/s", shared=False)(rated))
+    decorator()(app.task(name="unit.unrated", shared=False)(rated))  # no rate_limit: fine

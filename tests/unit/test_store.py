@@ -100,7 +100,7 @@ def test_cluster_store_has_its_start_up_nodes_and_database_0_only() -> None:
     with pytest.raises(redis.ConnectionError, match="Redis Cluster unreachable"):
         client.get("k")  # nothing listens: an outage like any other
     bad = app_with(extras_redis_url="redis+cluster://127.0.0.1:1/2")
-    with pytest.raises(StoreUnavailable, match="database 0 only"):
+    with pytest.raises(ImproperlyConfigured, match="database 0 only"):  # never works: config
         redis_client(bad)
 
 
@@ -179,3 +179,68 @@ def test_an_absurd_store_timeout_is_refused_by_name(value: Any) -> None:
     with pytest.raises(ImproperlyConfigured, match=r"^extras_store_timeout: expected a number "
                        r"of seconds > 0 and <= 5"):  # fmt: skip
         celery_extras.settings_of(celery_extras.install(app, store_timeout=value))
+
+
+def configured(**conf: Any) -> Celery:
+    """An app whose configuration is read already: ``install`` validates it at once."""
+    app = Celery("t", set_as_current=False)
+    app.conf.update(conf)
+    app.conf.broker_url  # noqa: B018 - reading configures the app
+    return app
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("foo://x", r"^extras_redis_url: expected a redis://, rediss://, unix://"),
+        ("redis://127.0.0.1:notaport/0",
+         r"^extras_redis_url: port 'notaport': expected a number from 1 to 65535$"),
+        ("redis://127.0.0.1:70000/0", r"^extras_redis_url: port '70000': expected a number"),
+        ("redis://127.0.0.1:0/0", r"^extras_redis_url: port '0': expected a number"),
+        ("redis://127.0.0.1:6379/abc", r"^extras_redis_url: database 'abc': expected a number"),
+        ("redis://127.0.0.1:6379/-1", r"^extras_redis_url: database '-1': expected a number"),
+        ("unix:///tmp/r.sock?db=one", r"^extras_redis_url: database 'one': expected a number"),
+        ("redis+cluster://127.0.0.1:1/2", r"^extras_redis_url: database '2': a Redis Cluster"),
+        ("sentinel://:26379/0", r"^extras_redis_url: no host in 'sentinel://:26379/0'$"),
+        ("sentinel://127.0.0.1:1/0",
+         r"^extras_redis_url is a Sentinel URL: set extras_redis_options = \{'master_name'"),
+    ],
+)  # fmt: skip
+def test_store_settings_that_can_never_work_fail_install_naming_the_setting(
+    url: str, message: str
+) -> None:
+    with pytest.raises(ImproperlyConfigured, match=message):
+        celery_extras.install(configured(extras_redis_url=url))
+    with pytest.raises(ImproperlyConfigured, match=message):  # given to install itself
+        celery_extras.install(configured(), redis_url=url)
+
+
+def test_a_sentinel_broker_without_master_name_is_a_configuration_error() -> None:
+    app = configured(broker_url="sentinel://127.0.0.1:1/0")
+    with pytest.raises(ImproperlyConfigured, match=r"broker's Sentinel: set master_name in "
+                       r"broker_transport_options"):  # fmt: skip
+        celery_extras.install(app)
+
+
+def test_store_settings_known_only_at_the_worker_start_stop_it() -> None:
+    from types import SimpleNamespace
+
+    from celery_extras.install import ExtrasStep
+
+    app = app_with()  # installed before its configuration is read
+    app.conf.update(broker_url="memory://", extras_redis_url="sentinel://127.0.0.1:1/0")
+    parent = SimpleNamespace(app=app, pool_cls=None, concurrency=1)
+    with pytest.raises(ImproperlyConfigured, match=r"^extras_redis_url is a Sentinel URL"):
+        ExtrasStep(parent)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379/99", "redis://", "redis://[::1]:6379/0", "unix:///tmp/r.sock?db=3",
+     "rediss://user:p%40ss@h:6380/2", "redis+cluster://127.0.0.1:1;redis+cluster://127.0.0.1:2"],
+)  # fmt: skip
+def test_store_urls_that_may_work_are_taken(url: str) -> None:
+    """A database above the server's count (16 by default, its ``databases``) is known only
+    to the server: a URL cannot tell, and Redis refuses it at the first connection."""
+    app = celery_extras.install(configured(extras_redis_url=url))
+    assert celery_extras.settings_of(app)["redis_url"] == url
