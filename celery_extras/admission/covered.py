@@ -68,6 +68,9 @@ MAX_CONTEXT = 64 * 1024
 #: giving up, and how many covered messages end per turn of the worker's timer.
 ATTEMPTS = 25
 SPACING = 0.2
+#: Then every SLOW s for up to PATIENCE s: a run replaced by ``self.replace`` has its result
+#: only when its replacement ends
+SLOW, PATIENCE = 5.0, 3600.0
 CHUNK = 50
 
 _TEXT = ("task", "shadow", "root_id", "parent_id", "group", "reply_to", "correlation_id",
@@ -369,14 +372,16 @@ class CoveredEndings:
              attempt: int) -> None:  # fmt: skip
         outcome = self._outcome(name, run_id, known)
         if outcome is None:
-            if attempt < ATTEMPTS:
+            waited = min(attempt, ATTEMPTS) * SPACING + max(attempt - ATTEMPTS, 0) * SLOW
+            if waited < PATIENCE:
                 again = (consumer, name, run_id, covered, known, done, attempt + 1)
-                serial(consumer).call_after(SPACING, self._run, again)
+                serial(consumer).call_after(SPACING if attempt < ATTEMPTS else SLOW,
+                                            self._run, again)  # fmt: skip
                 return
             self.counts["gave_up"] += len(covered)
             logger.warning(
                 "celery-extras: run %s of %s has no result after %.0f s; the %d message(s) "
-                "it covered keep theirs pending", run_id, name, ATTEMPTS * SPACING, len(covered),
+                "it covered keep theirs pending", run_id, name, waited, len(covered),
             )  # fmt: skip
             if done is not None:
                 done()

@@ -492,3 +492,17 @@ def test_messages_covered_on_a_worker_that_died_end_when_the_run_ends_elsewhere(
     ]
     assert [r.get(timeout=10) for r in covered] == ["long"] * 4
     assert [e["tag"] for e in _runs(journal, CO)] == ["long"]
+
+
+def test_what_a_replaced_run_covered_ends_with_its_replacement(
+    cluster: Cluster, journal: Journal
+) -> None:
+    """A covering run that calls ``self.replace`` has its result only when its replacement
+    ends (7 s here): what it covered ends then, with that result (issue 56: the endings gave
+    up after 5 s and left them pending)."""
+    app = cluster.configure(include=INCLUDE)
+    results = [app.send_task("tests.coalesce.replacing", ("r", i)) for i in range(5)]
+    cluster.worker("w1")
+    values = [r.get(timeout=60) for r in results]
+    (run,) = [e for e in journal.entries() if e["task"] == "tests.coalesce.replacing"]
+    assert values == [f"replaced {run['tag']}"] * 5

@@ -13,7 +13,7 @@ from celery_extras import coalesce, limit
 
 from .journal import Journal
 
-__all__ = ["crashy", "last", "limited", "per_key", "retrying"]
+__all__ = ["crashy", "last", "limited", "per_key", "replacing", "retrying"]
 
 
 def _key(args: Any, kwargs: Any) -> str:
@@ -66,3 +66,12 @@ def retrying(self: Task, key: str, tag: Any = None) -> dict[str, Any]:
 @shared_task(bind=True, name="tests.coalesce.limited")
 def limited(self: Task, key: str, tag: Any = None) -> dict[str, Any]:
     return _run(self, key, tag, 0.01, announce=False)
+
+
+@coalesce(key=_key)
+@shared_task(bind=True, name="tests.coalesce.replacing")
+def replacing(self: Task, key: str, tag: Any = None, seconds: float = 7.0) -> Any:
+    """Journals its start, then replaces itself with ``tests.sleep(seconds)``: its result,
+    and that of what it covered, is the replacement's, *seconds* later."""
+    Journal(self.app.main or "extras-test").note(self, phase="start", key=key, tag=tag)
+    return self.replace(self.app.signature("tests.sleep", args=(seconds, f"replaced {tag}")))

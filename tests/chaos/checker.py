@@ -1,0 +1,262 @@
+"""The checker of a run's history: what was sent, every body's start and end (the journal),
+every result, the faults injected and the workers' answers to ``ping``. No Celery import.
+
+Each finding is a :class:`Violation` of one of celery-extras' promises (docs/reliability.rst),
+or a :class:`Violation` whose ``owner`` is ``"celery"``: Celery's or kombu's own behaviour
+under that fault (a body run again after its worker was SIGKILLed, a message a dying
+worker's ``BRPOP`` took, acks and results lost with a restarted broker), reported apart.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.chaos.workload import Workload
+
+__all__ = ["History", "Violation", "Window", "check"]
+
+READY = ("SUCCESS", "FAILURE", "REVOKED")
+#: A limit's busiest second may carry the pool's dispatch jitter (tests/support/rates.py)
+JITTER = 1.25
+#: Seconds after a fault during which a worker may be silent (restarting, reconnecting)
+RECOVERY = 20.0
+#: The longest a live worker may go without answering ``ping`` outside faults
+SILENCE = 10.0
+
+
+@dataclass(frozen=True)
+class Window:
+    """A fault (*kind*) from *start* to *end* (wall time), on worker *worker* if it names one
+    (a SIGKILL's window is the instant of the kill)."""
+
+    kind: str
+    start: float
+    end: float
+    worker: str = ""
+
+
+@dataclass(frozen=True)
+class Violation:
+    check: str
+    detail: str
+    owner: str = "celery-extras"
+
+    def __str__(self) -> str:
+        return f"[{self.owner}] {self.check}: {self.detail}"
+
+
+@dataclass
+class History:
+    workload: Workload
+    sent: dict[str, float]  # message id -> when its send began (wall)
+    entries: list[dict[str, Any]]  # the journal
+    results: dict[str, tuple[str, Any]]  # message id -> (state, result)
+    windows: list[Window] = field(default_factory=list)
+    pings: list[tuple[float, str, bool]] = field(default_factory=list)  # (t, worker, answered)
+    rates: dict[str, tuple[float, int]] = field(default_factory=dict)  # task -> (rate, burst)
+    caps: dict[str, int] = field(default_factory=dict)
+    broker: str = "redis"
+    #: ids of messages the Redis transport popped for a worker and never booked as unacked
+    #: (kombu#305: a worker SIGKILLed in its blocked ``BRPOP``, a broker restarted), read
+    #: from the broker's append-only file
+    in_transit: set[str] = field(default_factory=set)
+
+    def near(self, t: float, kinds: Iterable[str], after: float = 0.0, before: float = 0.0,
+             worker: str = "") -> bool:  # fmt: skip
+        """Whether a fault of *kinds* was under way at *t* (*before* s ahead of its start to
+        *after* s beyond its end), on *worker* when given."""
+        kinds = tuple(kinds)
+        return any(w.kind in kinds and w.start - before <= t <= w.end + after
+                   and (not worker or not w.worker or w.worker == worker)
+                   for w in self.windows)  # fmt: skip
+
+
+STORE_FAULTS = ("store_stall", "store_pause", "store_restart")
+
+
+def check(history: History) -> list[Violation]:
+    """Every violation the history shows, the project's and Celery's."""
+    found: list[Violation] = []
+    starts = [e for e in history.entries if e.get("phase") == "start"]
+    ends = [e for e in history.entries if e.get("phase") == "end"]
+    found += _lost(history)
+    found += _twice(history, starts)
+    found += _limits(history, starts)
+    found += _caps(history, starts, ends)
+    found += _covering_runs(history, starts)
+    found += _batches(history, starts, ends)
+    found += _silences(history)
+    return found
+
+
+def _lost(history: History) -> list[Violation]:
+    """Every message sent reaches a final state; a failure is a broker's fault or a bug."""
+    retried = {e["id"] for e in history.entries if e.get("phase") == "end" and e.get("retries")}
+    found = []
+    for node in history.workload.nodes():
+        state, result = history.results.get(node.id, ("PENDING", None))
+        if state == "RETRY" and node.id in retried:
+            # the retry ended before its first attempt stored RETRY, which then overwrote
+            # the SUCCESS: Celery's backends check, then write (not atomic)
+            found.append(Violation("RETRY over SUCCESS", f"{node.task}[{node.id}]", "celery"))
+        elif state not in READY:
+            owner = "celery" if node.id in history.in_transit else "celery-extras"
+            found.append(Violation("lost", f"{node.task}[{node.id}] ended {state}", owner))
+        elif state != "SUCCESS":
+            text = str(result)
+            restarted = any(w.kind == "broker_restart" for w in history.windows)
+            owner = "celery" if restarted and "onnection" in text else "celery-extras"
+            found.append(Violation("failed", f"{node.task}[{node.id}] {state}: {text}", owner))
+    return found
+
+
+def _twice(history: History, starts: list[dict[str, Any]]) -> list[Violation]:
+    """No body runs twice under one id (and attempt), but once more after its first ran in
+    a worker that was SIGKILLed (Celery's at-least-once with ``acks_late``), or whose ack
+    was lost with a restarted broker."""
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in starts:
+        runs[(e["id"], e.get("retries", 0))].append(e)
+    found = []
+    for (task_id, attempt), bodies in runs.items():
+        if len(bodies) < 2:
+            continue
+        bodies.sort(key=lambda e: e["t"])
+        excused = sum(1 for e in bodies[:-1] if history.near(
+            e["t"], ("kill",), after=0.0, before=600.0, worker=e["worker"]))  # fmt: skip
+        restarts = sum(1 for e in bodies[:-1] if history.near(
+            e["t"], ("broker_restart",), after=RECOVERY, before=600.0))  # fmt: skip
+        extra = len(bodies) - 1
+        what = f"{bodies[0]['task']}[{task_id}] attempt {attempt} ran {len(bodies)} times"
+        if extra <= excused:
+            found.append(Violation("ran again after SIGKILL", what, "celery"))
+        elif extra <= excused + restarts:
+            found.append(Violation("ran again after a broker restart", what, "celery"))
+        else:
+            found.append(Violation("ran twice", what))
+    return found
+
+
+def _busiest(times: list[float]) -> tuple[int, float]:
+    best, at = 0, 0.0
+    for i, t in enumerate(times):
+        n = sum(1 for s in times[i:] if s < t + 1.0)
+        if n > best:
+            best, at = n, t
+    return best, at
+
+
+def _limits(history: History, starts: list[dict[str, Any]]) -> list[Violation]:
+    """No limit exceeded beyond its burst (with the pool's jitter), but while the store is
+    away (its documented ``local`` fallback)."""
+    found = []
+    for task, (rate, burst) in history.rates.items():
+        times = sorted(e["t"] for e in starts if e["task"] == task)
+        busiest, at = _busiest(times)
+        if busiest <= (rate + burst) * JITTER:
+            continue
+        owner = "fallback" if history.near(at, STORE_FAULTS, after=5.0, before=1.0) else (
+            "celery-extras")  # fmt: skip
+        found.append(Violation("limit", f"{task}: {busiest} starts in the second at {at:.3f} "
+                                        f"for {rate:g}/s, burst {burst}", owner))  # fmt: skip
+    return found
+
+
+def _caps(history: History, starts: list[dict[str, Any]], ends: list[dict[str, Any]]
+          ) -> list[Violation]:  # fmt: skip
+    """No cap exceeded, but after a dead holder's lease or while the store is away."""
+    ended = {(e["id"], e.get("retries", 0)): e["t"] for e in ends}
+    found = []
+    for task, cap in history.caps.items():
+        events = []
+        for e in starts:
+            if e["task"] != task:
+                continue
+            end = ended.get((e["id"], e.get("retries", 0)))
+            if end is None:
+                kills = [
+                    w.start
+                    for w in history.windows
+                    if w.kind == "kill" and w.worker == e["worker"] and w.start >= e["t"]
+                ]
+                end = min(kills, default=e["t"] + 60.0)  # fmt: skip
+            events += [(e["t"], 1), (end, -1)]
+        running = 0
+        for t, step in sorted(events, key=lambda ev: (ev[0], ev[1])):
+            running += step
+            if running > cap:
+                owner = ("fallback" if history.near(t, STORE_FAULTS, after=6.0)
+                         else "lease" if history.near(t, ("kill",), after=6.0)
+                         else "celery-extras")  # fmt: skip
+                found.append(Violation("cap", f"{task}: {running} running at {t:.3f} for "
+                                              f"concurrency({cap})", owner))  # fmt: skip
+                break
+    return found
+
+
+def _covering_runs(history: History, starts: list[dict[str, Any]]) -> list[Violation]:
+    """A coalesced or debounced message is answered by a run that started after it was
+    sent (no lost update)."""
+    first: dict[str, float] = {}
+    for e in starts:
+        first[e["id"]] = min(first.get(e["id"], e["t"]), e["t"])
+    found = []
+    for node in history.workload.nodes():
+        if node.task not in ("chaos.coalesced", "chaos.debounced"):
+            continue
+        state, result = history.results.get(node.id, ("PENDING", None))
+        if state != "SUCCESS" or not isinstance(result, dict):
+            continue
+        run = result.get("run")
+        began = first.get(run) if isinstance(run, str) else None
+        sent = history.sent.get(node.id, 0.0)
+        if began is None:
+            found.append(Violation("covering run", f"{node.task}[{node.id}] answered by run "
+                                                   f"{run}, which never started"))  # fmt: skip
+        elif began < sent - 0.05:
+            found.append(Violation("lost update", f"{node.task}[{node.id}] sent at {sent:.3f} "
+                                                  f"answered by run {run} started at "
+                                                  f"{began:.3f}"))  # fmt: skip
+    return found
+
+
+def _batches(history: History, starts: list[dict[str, Any]], ends: list[dict[str, Any]]
+             ) -> list[Violation]:  # fmt: skip
+    """Every batched call in exactly one batch that ended (once more after a SIGKILL)."""
+    ended = Counter(call for e in ends for call in e.get("calls") or ())
+    found = []
+    for node in history.workload.nodes():
+        if node.task != "chaos.batched":
+            continue
+        count = ended[node.id]
+        if count == 1:
+            continue
+        killed = history.near(history.sent.get(node.id, 0.0), ("kill",), before=600.0)
+        owner = "celery" if count == 2 and killed else "celery-extras"
+        found.append(Violation("batch", f"call {node.id} in {count} batches that ended", owner))
+    return found
+
+
+def _silences(history: History) -> list[Violation]:
+    """Every worker answers ``ping`` throughout, but around a fault."""
+    by_worker: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    for t, worker, answered in history.pings:
+        by_worker[worker].append((t, answered))
+    found = []
+    for worker, pings in by_worker.items():
+        silent_since: float | None = None
+        for t, answered in sorted(pings):
+            if answered or history.near(t, ("kill", "term", "broker_restart", "store_pause",
+                                            "store_stall", "store_restart", "join"),
+                                        after=RECOVERY, before=1.0):  # fmt: skip
+                silent_since = None
+                continue
+            silent_since = t if silent_since is None else silent_since
+            if t - silent_since >= SILENCE:
+                found.append(Violation("silent", f"{worker} answered no ping from "
+                                                 f"{silent_since:.1f} to {t:.1f}"))  # fmt: skip
+                break
+    return found

@@ -1,0 +1,134 @@
+"""The chaos checker's verdicts on made-up histories, and its workloads' determinism: each
+promise it holds the workers to is shown broken once, and told from Celery's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.chaos.checker import History, Window, check
+from tests.chaos.workload import Node, Send, Workload, generate
+
+
+def history(nodes: list[Node], entries: list[dict[str, Any]], **kwargs: Any) -> History:
+    work = Workload(1, 60.0, "prefork", 2, [Send(0.0, 0, "group", tuple(nodes))])
+    results = kwargs.pop("results", {n.id: ("SUCCESS", {"run": n.id}) for n in nodes})
+    sent = kwargs.pop("sent", dict.fromkeys((n.id for n in nodes), 100.0))
+    return History(work, sent, entries, results, **kwargs)
+
+
+def node(i: int, task: str = "chaos.plain") -> Node:
+    return Node(f"id{i}", task, "k0", i, 0.0)
+
+
+def start(i: int, t: float, worker: str = "w0", task: str = "chaos.plain", **more: Any
+          ) -> dict[str, Any]:  # fmt: skip
+    return {"task": task, "id": f"id{i}", "t": t, "worker": worker, "retries": 0,
+            "phase": "start", **more}  # fmt: skip
+
+
+def end(i: int, t: float, **more: Any) -> dict[str, Any]:
+    return {**start(i, t, **more), "phase": "end"}
+
+
+def kinds(found: list[Any]) -> list[tuple[str, str]]:
+    return [(v.check, v.owner) for v in found]
+
+
+def test_a_quiet_history_breaks_nothing() -> None:
+    nodes = [node(1), node(2)]
+    entries = [start(1, 101.0), end(1, 101.1), start(2, 101.0), end(2, 101.2)]
+    assert check(history(nodes, entries)) == []
+
+
+def test_a_body_twice_under_one_id_is_ours_unless_its_first_worker_was_killed() -> None:
+    entries = [start(1, 101.0, "w0"), start(1, 105.0, "w1"), end(1, 105.1)]
+    assert kinds(check(history([node(1)], entries))) == [("ran twice", "celery-extras")]
+    killed = [Window("kill", 102.0, 102.0, "w0")]
+    assert kinds(check(history([node(1)], entries, windows=killed))) == [
+        ("ran again after SIGKILL", "celery")
+    ]
+    other = [Window("kill", 102.0, 102.0, "w1")]  # the wrong worker: no excuse
+    assert kinds(check(history([node(1)], entries, windows=other))) == [
+        ("ran twice", "celery-extras")
+    ]
+
+
+def test_a_retry_is_another_attempt_not_a_second_body() -> None:
+    entries = [start(1, 101.0), {**start(1, 102.0), "retries": 1}, end(1, 102.1, retries=1)]
+    assert check(history([node(1)], entries)) == []
+
+
+def test_a_message_without_a_final_state_is_lost_and_a_failure_reported() -> None:
+    nodes = [node(1), node(2)]
+    results = {"id2": ("FAILURE", {"exc_type": "ValueError"})}
+    found = check(history(nodes, [start(2, 101.0)], results=results))
+    assert kinds(found) == [("lost", "celery-extras"), ("failed", "celery-extras")]
+    # kombu#305: popped by a SIGKILLed worker's BRPOP as it died, never booked as unacked
+    found = check(history(nodes, [start(2, 101.0)], results=results, in_transit={"id1"}))
+    assert kinds(found)[0] == ("lost", "celery")
+
+
+def test_a_limit_beyond_its_burst_is_ours_unless_the_store_was_away() -> None:
+    nodes = [node(i, "chaos.limited") for i in range(30)]
+    entries = [start(i, 101.0 + i * 0.01, task="chaos.limited") for i in range(30)]
+    rates = {"chaos.limited": (20.0, 2)}
+    assert kinds(check(history(nodes, entries, rates=rates))) == [("limit", "celery-extras")]
+    stall = [Window("store_stall", 100.0, 102.0)]
+    found = check(history(nodes, entries, rates=rates, windows=stall))
+    assert kinds(found) == [("limit", "fallback")]
+    spaced = [start(i, 101.0 + i * 0.05, task="chaos.limited") for i in range(30)]
+    assert check(history(nodes, spaced, rates=rates)) == []
+
+
+def test_a_cap_exceeded_is_ours() -> None:
+    nodes = [node(i, "chaos.capped") for i in range(4)]
+    entries = [start(i, 101.0, task="chaos.capped") for i in range(4)]
+    entries += [end(i, 102.0, task="chaos.capped") for i in range(4)]
+    found = check(history(nodes, entries, caps={"chaos.capped": 3}))
+    assert kinds(found) == [("cap", "celery-extras")]
+    assert check(history(nodes, entries, caps={"chaos.capped": 4})) == []
+
+
+def test_a_coalesced_message_answered_by_an_older_run_is_a_lost_update() -> None:
+    nodes = [node(1, "chaos.coalesced"), node(2, "chaos.coalesced")]
+    entries = [start(1, 99.0, task="chaos.coalesced")]
+    results = {n.id: ("SUCCESS", {"run": "id1"}) for n in nodes}
+    found = check(history(nodes, entries, results=results, sent={"id1": 98.9, "id2": 100.0}))
+    assert kinds(found) == [("lost update", "celery-extras")]
+    results["id2"] = ("SUCCESS", {"run": "nowhere"})
+    found = check(history(nodes, entries, results=results, sent={"id1": 98.9, "id2": 100.0}))
+    assert kinds(found) == [("covering run", "celery-extras")]
+
+
+def test_a_batched_call_in_two_batches_is_ours_unless_a_worker_was_killed() -> None:
+    nodes = [node(1, "chaos.batched")]
+    entries = [end(0, 101.0, task="chaos.batched", calls=["id1"]),
+               end(0, 102.0, task="chaos.batched", calls=["id1"])]  # fmt: skip
+    assert kinds(check(history(nodes, entries))) == [("batch", "celery-extras")]
+    killed = [Window("kill", 101.5, 101.5, "w0")]
+    assert kinds(check(history(nodes, entries, windows=killed))) == [("batch", "celery")]
+
+
+def test_a_worker_silent_outside_a_fault_is_ours() -> None:
+    pings = [(100.0 + i, "w0", i < 3) for i in range(20)]
+    assert kinds(check(history([], [], pings=pings))) == [("silent", "celery-extras")]
+    paused = [Window("store_pause", 102.0, 104.0)]
+    assert check(history([], [], pings=pings, windows=paused)) == []
+
+
+def test_a_seed_gives_the_same_workload_and_faults() -> None:
+    one, two = generate(7, 60.0), generate(7, 60.0)
+    assert one == two and one.sends and one.faults
+    assert generate(8, 60.0) != one
+    assert all(5.0 <= f.at <= 50.0 for f in one.faults)
+
+
+def test_a_retry_state_over_a_finished_retry_is_celerys_race_else_lost() -> None:
+    """Celery publishes a retry, then stores RETRY after checking the state is not SUCCESS
+    (two calls): a retry run fast by another worker can end in between (seed 104)."""
+    results = {"id1": ("RETRY", None)}
+    retried = [start(1, 101.0), {**end(1, 101.5), "retries": 1}]
+    found = check(history([node(1)], retried, results=results))
+    assert kinds(found) == [("RETRY over SUCCESS", "celery")]
+    found = check(history([node(1)], [start(1, 101.0)], results=results))
+    assert kinds(found) == [("lost", "celery-extras")]
