@@ -63,6 +63,8 @@ class History:
     #: (kombu#305: a worker SIGKILLed in its blocked ``BRPOP``, a broker restarted), read
     #: from the broker's append-only file
     in_transit: set[str] = field(default_factory=set)
+    #: ids of the messages of sends that raised (the broker was down): maybe never sent
+    unsent: set[str] = field(default_factory=set)
 
     def near(self, t: float, kinds: Iterable[str], after: float = 0.0, before: float = 0.0,
              worker: str = "") -> bool:  # fmt: skip
@@ -103,6 +105,8 @@ def _lost(history: History) -> list[Violation]:
             # the SUCCESS: Celery's backends check, then write (not atomic)
             found.append(Violation("RETRY over SUCCESS", f"{node.task}[{node.id}]", "celery"))
         elif state not in READY:
+            if node.id in history.unsent:
+                continue
             owner = "celery" if node.id in history.in_transit else "celery-extras"
             found.append(Violation("lost", f"{node.task}[{node.id}] ended {state}", owner))
         elif state != "SUCCESS":

@@ -51,6 +51,7 @@ class Run:
         self.windows: list[Window] = []
         self.pings: list[tuple[float, str, bool]] = []
         self.sent: dict[str, float] = {}
+        self.unsent: set[str] = set()  # the messages of sends that raised (broker down)
         self.workers: list[WorkerProcess] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -110,6 +111,7 @@ class Run:
                 self._send(send)
             except Exception as exc:  # a broker down: the producer's own retry gave up
                 self.errors.append(f"send at {send.at}: {exc!r}")
+                self.unsent.update(node.id for node in send.nodes)
 
     def _send(self, send: Send) -> None:
         sigs = [self.app.signature(n.task, args=(n.key, n.tag, n.seconds),
@@ -261,4 +263,5 @@ def run(workload: Workload, broker: str, workdir: Path,
     for error in one.errors:
         say(f"  producer or fault error: {error}")
     return History(workload, dict(one.sent), entries, results, one.windows, one.pings,
-                   rates=RATES, caps=CAPS, broker=broker, in_transit=in_transit)  # fmt: skip
+                   rates=RATES, caps=CAPS, broker=broker, in_transit=in_transit,
+                   unsent=one.unsent)  # fmt: skip

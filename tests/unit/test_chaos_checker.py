@@ -66,6 +66,9 @@ def test_a_message_without_a_final_state_is_lost_and_a_failure_reported() -> Non
     # kombu#305: popped by a SIGKILLed worker's BRPOP as it died, never booked as unacked
     found = check(history(nodes, [start(2, 101.0)], results=results, in_transit={"id1"}))
     assert kinds(found)[0] == ("lost", "celery")
+    # a send that raised (the broker was down): maybe never sent, not lost
+    found = check(history(nodes, [start(2, 101.0)], results=results, unsent={"id1"}))
+    assert kinds(found) == [("failed", "celery-extras")]
 
 
 def test_a_limit_beyond_its_burst_is_ours_unless_the_store_was_away() -> None:
