@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import celery
 import pytest
 from celery import Celery, chain, chord
 from celery.result import AsyncResult
@@ -506,3 +507,24 @@ def test_what_a_replaced_run_covered_ends_with_its_replacement(
     values = [r.get(timeout=60) for r in results]
     (run,) = [e for e in journal.entries() if e["task"] == "tests.coalesce.replacing"]
     assert values == [f"replaced {run['tag']}"] * 5
+
+
+def test_what_a_rejected_run_covered_ends_as_celery_ends_the_rejected_task(
+    cluster: Cluster, journal: Journal
+) -> None:
+    """A covering run that raises ``Reject``: what it covered ends as Celery ends the
+    rejected task itself: FAILURE on Celery 5.7, which stores it; before, no state (the
+    rejected task's own stays PENDING too)."""
+    app = cluster.configure(include=INCLUDE)
+    results = [app.send_task("tests.coalesce.rejecting", ("r", i)) for i in range(5)]
+    cluster.worker("w1")
+    wait_for(lambda: any(e["task"] == "tests.coalesce.rejecting" for e in journal.entries()),
+             timeout=60, what="the run")  # fmt: skip
+    if celery.VERSION >= (5, 7):
+        wait_for(lambda: {r.state for r in results} == {"FAILURE"}, timeout=30,
+                 what=lambda: f"all FAILURE, not {[r.state for r in results]}")  # fmt: skip
+    else:
+        time.sleep(6.0)  # past the covered endings' first attempts
+        assert {r.state for r in results} == {"PENDING"}
+    runs = [e for e in journal.entries() if e["task"] == "tests.coalesce.rejecting"]
+    assert len(runs) == 1, runs

@@ -8,12 +8,13 @@ import time
 from typing import Any
 
 from celery import Task, shared_task
+from celery.exceptions import Reject
 
 from celery_extras import coalesce, limit
 
 from .journal import Journal
 
-__all__ = ["crashy", "last", "limited", "per_key", "replacing", "retrying"]
+__all__ = ["crashy", "last", "limited", "per_key", "rejecting", "replacing", "retrying"]
 
 
 def _key(args: Any, kwargs: Any) -> str:
@@ -75,3 +76,11 @@ def replacing(self: Task, key: str, tag: Any = None, seconds: float = 7.0) -> An
     and that of what it covered, is the replacement's, *seconds* later."""
     Journal(self.app.main or "extras-test").note(self, phase="start", key=key, tag=tag)
     return self.replace(self.app.signature("tests.sleep", args=(seconds, f"replaced {tag}")))
+
+
+@coalesce(key=_key)
+@shared_task(bind=True, name="tests.coalesce.rejecting", acks_late=True)
+def rejecting(self: Task, key: str, tag: Any = None) -> Any:
+    """Journals its start, then raises ``Reject`` (not requeued): its message is rejected."""
+    Journal(self.app.main or "extras-test").note(self, phase="start", key=key, tag=tag)
+    raise Reject("rejected on purpose", requeue=False)
