@@ -1,9 +1,10 @@
 """One seed's run against real workers and brokers: a private Redis as the store (behind a
 proxy that can stall), the broker (a private persistent Redis, or the shared RabbitMQ) and
-a private Redis for results; the journal on the shared Redis, outside the system under
-test. Producers send the workload on time, a fault thread injects its faults, a pinger asks
-every worker for ``ping`` each second; then the run drains and its history is read. Every
-process started here is stopped, even on failure."""
+a private Redis for results, which no fault touches (a result lost with its backend is
+Celery's); the journal on the shared Redis, outside the system under test. Producers send
+the workload on time, a fault thread injects its faults, a pinger asks every worker for
+``ping`` each second; then the run drains and its history is read. Every process started
+here is stopped, even on failure."""
 
 from __future__ import annotations
 
@@ -60,8 +61,10 @@ class Run:
     def servers(self) -> Iterator[None]:
         (self.workdir / "store").mkdir(parents=True, exist_ok=True)
         (self.workdir / "broker").mkdir(parents=True, exist_ok=True)
+        (self.workdir / "results").mkdir(parents=True, exist_ok=True)
         self.store = PrivateRedis(self.workdir / "store").start()
-        self.redis = PrivateRedis(self.workdir / "broker").start()  # results, Redis broker
+        self.redis = PrivateRedis(self.workdir / "broker").start()  # a Redis broker
+        self.backend = PrivateRedis(self.workdir / "results").start()  # never faulted
         self.proxy = StallingProxy(("127.0.0.1", self.store.port)).start()
         self.rabbitmq = SharedRabbitMQ() if self.kind == "rabbitmq" else None
         try:
@@ -70,13 +73,14 @@ class Run:
             self.proxy.close()
             self.store.stop()
             self.redis.stop()
+            self.backend.stop()
             if self.rabbitmq is not None and self.rabbitmq.stopped:
                 self.rabbitmq.start()
 
     def configure(self) -> Celery:
         self.broker_url = BROKERS["rabbitmq"] if self.kind == "rabbitmq" else self.redis.url
         self.conf = {
-            "result_backend": f"redis://127.0.0.1:{self.redis.port}/1",
+            "result_backend": f"redis://127.0.0.1:{self.backend.port}/0",
             "extras_redis_url": self.proxy.url,
             "extras_eta_store": True,
             "extras_eta_threshold": 1.0,
@@ -193,7 +197,7 @@ class Run:
     # -- the history -----------------------------------------------------------------------
 
     def results(self) -> dict[str, tuple[str, Any]]:
-        client = redis.Redis(port=self.redis.port, db=1, decode_responses=True)
+        client = redis.Redis(port=self.backend.port, decode_responses=True)
         ids = [n.id for n in self.workload.nodes()]
         found: dict[str, tuple[str, Any]] = {}
         for start in range(0, len(ids), 500):
