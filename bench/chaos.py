@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -35,8 +37,14 @@ def _options(argv: Sequence[str]) -> argparse.Namespace:
     return options
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # the run's servers and workers are stopped on the way out
+
+
 def measure(argv: Sequence[str] = ()) -> list[Row]:
     options = _options(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupted)
     brokers = ("redis", "rabbitmq") if options.broker == "both" else (options.broker,)
     deadline = time.monotonic() + options.minutes * 60.0
     started = time.monotonic()

@@ -233,7 +233,7 @@ def _batches(history: History, starts: list[dict[str, Any]], ends: list[dict[str
     ended = Counter(call for e in ends for call in e.get("calls") or ())
     found = []
     for node in history.workload.nodes():
-        if node.task != "chaos.batched":
+        if node.task != "chaos.batched" or node.id in history.unsent:
             continue
         count = ended[node.id]
         if count == 1:

@@ -85,8 +85,15 @@ class Run:
             "extras_eta_store": True,
             "extras_eta_threshold": 1.0,
             "task_acks_late": True,
-            # a dead worker's unacked messages come back 30 s after their delivery
-            "broker_transport_options": {"visibility_timeout": 30, "unacked_restore_interval": 1},
+            # a dead worker's unacked messages come back 30 s after their delivery; kombu's
+            # restore mutex, held by a worker SIGKILLed as it restores, expires in 10 s, not
+            # 300 (tests/integration/conftest.py: MUTEX_EXPIRE)
+            "broker_transport_options": {
+                "visibility_timeout": 30,
+                "unacked_restore_interval": 1,
+                "unacked_restore_throttle": 1,
+                "unacked_mutex_expire": 10,
+            },
         }
         self.app = proj.make_app(self.broker_url, self.ns, self.conf, INCLUDE)
         return self.app
@@ -266,6 +273,10 @@ def run(workload: Workload, broker: str, workdir: Path,
             one.journal.clear()
     for error in one.errors:
         say(f"  producer or fault error: {error}")
+    kept = {"sent": one.sent, "unsent": sorted(one.unsent), "entries": entries,
+            "results": results, "windows": [vars(w) for w in one.windows],
+            "in_transit": sorted(in_transit)}  # fmt: skip
+    (workdir / "history.json").write_text(json.dumps(kept, default=repr))  # for a post-mortem
     return History(workload, dict(one.sent), entries, results, one.windows, one.pings,
                    rates=RATES, caps=CAPS, broker=broker, in_transit=in_transit,
                    unsent=one.unsent)  # fmt: skip
