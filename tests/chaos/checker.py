@@ -9,6 +9,7 @@ worker's ``BRPOP`` took, acks and results lost with a restarted broker), reporte
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -94,8 +95,34 @@ def check(history: History) -> list[Violation]:
     return found
 
 
+def _after(history: History) -> dict[str, list[str]]:
+    """The ids a message is published after (by a worker, as Celery runs the canvas): a
+    chain's previous step, a link's parent, a chord's header."""
+    before: dict[str, list[str]] = {}
+    for send in history.workload.sends:
+        ids = [n.id for n in send.nodes]
+        if send.shape == "chain":
+            before.update({b: [a] for a, b in itertools.pairwise(ids)})
+        elif send.shape == "link":
+            before[ids[1]] = [ids[0]]
+        elif send.shape == "chord":
+            before[ids[-1]] = ids[:-1]
+    return before
+
+
+def _published_in_outage(history: History, task_id: str, ended: dict[str, float]) -> bool:
+    """Whether *task_id* was to be published by a worker as what it follows ended, while
+    the broker was restarting."""
+    parents = _after(history).get(task_id, [])
+    last = max((ended[p] for p in parents if p in ended), default=None)
+    return last is not None and history.near(last, ("broker_restart",), after=5.0, before=1.0)
+
+
 def _lost(history: History) -> list[Violation]:
     """Every message sent reaches a final state; a failure is a broker's fault or a bug."""
+    ended = {e["id"]: e["t"] for e in history.entries if e.get("phase") == "end"}
+    for e in history.entries:  # a batch's end ends each of its calls
+        ended.update(dict.fromkeys(e.get("calls") or (), e["t"]))
     retried = {e["id"] for e in history.entries if e.get("phase") == "end" and e.get("retries")}
     found = []
     for node in history.workload.nodes():
@@ -108,6 +135,8 @@ def _lost(history: History) -> list[Violation]:
             if node.id in history.unsent:
                 continue
             owner = "celery" if node.id in history.in_transit else "celery-extras"
+            if owner != "celery" and _published_in_outage(history, node.id, ended):
+                owner = "celery"  # Celery's publish of a callback gave up, the broker down
             found.append(Violation("lost", f"{node.task}[{node.id}] ended {state}", owner))
         elif state != "SUCCESS":
             text = str(result)

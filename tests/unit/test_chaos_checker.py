@@ -135,3 +135,16 @@ def test_a_retry_state_over_a_finished_retry_is_celerys_race_else_lost() -> None
     assert kinds(found) == [("RETRY over SUCCESS", "celery")]
     found = check(history([node(1)], [start(1, 101.0)], results=results))
     assert kinds(found) == [("lost", "celery-extras")]
+
+
+def test_a_chain_step_whose_publish_met_a_broker_restart_is_celerys() -> None:
+    """The worker publishes a chain's next step as the previous one ends; with the broker
+    restarting then, Celery's publish gives up after its retries."""
+    nodes = [node(1), node(2)]
+    work = Workload(1, 60.0, "prefork", 2, [Send(0.0, 0, "chain", tuple(nodes))])
+    entries = [start(1, 101.0), end(1, 101.1)]
+    results = {"id1": ("SUCCESS", {"run": "id1"})}
+    lost = History(work, {"id1": 100.0, "id2": 100.0}, entries, results)
+    assert kinds(check(lost)) == [("lost", "celery-extras")]
+    lost.windows = [Window("broker_restart", 101.0, 103.0)]
+    assert kinds(check(lost)) == [("lost", "celery")]
