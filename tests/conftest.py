@@ -1,10 +1,12 @@
-"""Session-wide safety net (no worker process outlives the test run), and the lock that
-lets tests run side by side under pytest-xdist but for those that must not."""
+"""Session-wide safety net (no worker process outlives the test run), the shared brokers
+started when they do not answer, and the lock that lets tests run side by side under
+pytest-xdist but for those that must not."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import shared_brokers
 from tests.support.topology import RedisClusterTopology, redis_cluster
 from tests.support.workers import stop_all
 
@@ -38,10 +41,69 @@ def _kind(item: pytest.Item) -> str:
     return next((k for k in ("scenario", "exclusive") if item.get_closest_marker(k)), "shared")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, ``--maxschedchunk=1`` unless given: each process holds at most
+    two tests ahead, so all move through the kinds together (scenarios side by side, not
+    one beside a shared test another process was handed long before). Set here, not in
+    pyproject.toml's ``addopts``, which the example project's tests share without xdist."""
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk") is None:
+        config.option.maxschedchunk = 1
+
+
+#: the shared brokers this session started, stopped at its end
+_started: list[shared_brokers.Service] = []
+
+
+def _say(session: pytest.Session, line: str) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its processes
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In the one process (pytest-xdist's controller, or the only one), start the shared
+    Redis and RabbitMQ that do not run, as .ci/run does; nothing when both run (a RabbitMQ
+    whose application a test stopped runs). A binary missing fails the session in one
+    line naming the Debian packages."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    down, missing = shared_brokers.plan(
+        shared_brokers.SHARED, shared_brokers.running, shared_brokers.installed
+    )
+    if missing:
+        raise pytest.UsageError(missing)
+    for service in down:
+        _say(session, f"{service.name} does not answer on 127.0.0.1:{service.port}: starting it")
+        try:
+            shared_brokers.start(service)
+        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+            why = (getattr(exc, "stderr", None) or b"").decode().strip()
+            _stop_started(session)  # no pytest_sessionfinish after a UsageError here
+            raise pytest.UsageError(f"could not start {service.name}: {exc} {why}") from None
+        _started.append(service)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's processes ended
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _stop_started(session)
+
+
+def _stop_started(session: pytest.Session) -> None:
+    """Stop the shared brokers this session started, and only those (a session run beside
+    it on the same machine loses them then: there, start the brokers beforehand)."""
+    while _started:
+        service = _started.pop()
+        try:
+            shared_brokers.stop(service)
+        except (OSError, subprocess.SubprocessError) as exc:
+            _say(session, f"could not stop {service.name} (started by this session): {exc}")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Shared tests first, then exclusive ones, then the scenarios: under pytest-xdist the
     processes switch kinds twice, not at every other test (each switch idles one); with
-    ``--maxschedchunk=1`` (pyproject.toml) both switch at about the same time."""
+    ``--maxschedchunk=1`` (:func:`pytest_configure`) both switch at about the same time."""
     items.sort(key=lambda item: KINDS.index(_kind(item)))  # stable within a kind
 
 

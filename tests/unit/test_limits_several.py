@@ -14,6 +14,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -158,6 +160,40 @@ def test_the_lower_of_two_stacked_limits_holds_and_the_other_is_not_used_up() ->
     clock.now += 0.01
     assert planner.plan("t", request("b"), b.due, b.limit, b.taken).action == "run"
     assert planner.plan("t", request("b")).held_by == 1  # b's own 5/s now
+
+
+def run_backlog(planner: LimitPlanner, clock: FakeClock, n: int) -> list[float]:
+    """When each of *n* tasks of one customer, sent at once, starts: each held task is
+    asked again when its slot comes, as the worker does."""
+    starts = []
+    for _ in range(n):
+        plan = planner.plan("t", request("a"))
+        while plan.action == "hold":
+            clock.now += plan.wait
+            plan = planner.plan("t", request("a"), plan.due, plan.limit, plan.taken)
+        assert plan.action == "run"
+        starts.append(clock.now)
+    return starts
+
+
+def test_the_docs_hourly_quota_over_a_per_customer_limit_runs_at_the_per_customer_rate() -> None:
+    """docs/policies.rst's example, as written there: the quota's burst lets one customer
+    run at its 10/s (with the default burst of 1, the quota held it to one per 0.36 s)."""
+    from celery import Celery
+
+    from celery_extras.admission.registry import policies_of
+
+    text = (Path(__file__).parents[2] / "docs" / "policies.rst").read_text()
+    block = text[: text.index("def call_api(")].rsplit("::\n\n", 1)[1] + "def call_api(c, q): ..."
+    assert "# an API's hourly quota" in block
+    app = Celery("docs", set_as_current=False)
+    names: dict[str, Any] = {"limit": limit, "app": app}
+    exec(textwrap.dedent(block), names)
+    declared = policies_of(app.tasks[names["call_api"].name])
+    assert declared is not None
+    clock = FakeClock()
+    starts = run_backlog(planner_with(*declared.limits, clock=clock), clock, 30)  # 10/s
+    assert [t - starts[0] for t in starts] == pytest.approx([i / 10 for i in range(30)])
 
 
 def test_global_and_worker_limits_mixed_book_in_one_store_call() -> None:
