@@ -258,11 +258,13 @@ def _covering_runs(history: History, starts: list[dict[str, Any]]) -> list[Viola
 
 def _batches(history: History, starts: list[dict[str, Any]], ends: list[dict[str, Any]]
              ) -> list[Violation]:  # fmt: skip
-    """Every batched call in exactly one batch that ended (once more after a SIGKILL)."""
+    """Every batched call that succeeded was in exactly one batch that ended (once more
+    after a SIGKILL); one that never ended is the lost check's."""
     ended = Counter(call for e in ends for call in e.get("calls") or ())
     found = []
     for node in history.workload.nodes():
-        if node.task != "chaos.batched" or node.id in history.unsent:
+        state, _ = history.results.get(node.id, ("PENDING", None))
+        if node.task != "chaos.batched" or state != "SUCCESS":
             continue
         count = ended[node.id]
         if count == 1:
