@@ -514,7 +514,9 @@ def coalesce_command(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(listing, sort_keys=True))
         return
-    click.echo(f"{len(listing)} coalesced key(s) held")
+    held = sum(1 for one in listing if one["run"] or one["wait"])
+    click.echo(f"{held} coalesced key(s) held (a run or a waiting run), "
+               f"{len(listing) - held} idle (their last run kept for late messages)")  # fmt: skip
     for one in sorted(listing, key=lambda k: (str(k["task"]), str(k["key"]))):
         run, wait = one["run"] or {}, one["wait"] or {}
         running = f"running {run.get('id', '?')}" if run else "not running"

@@ -84,10 +84,9 @@ def test_queued_twenty_times_runs_once_and_ten_during_a_run_give_exactly_one_mor
     assert (key["task"], key["key"], key["run"]["id"], key["wait"]["id"], key["covered"]) == (
         PER_KEY, "k", long.id, during[0].id, 9,
     )  # fmt: skip
-    assert (
-        f"running {long.id}, waiting {during[0].id}, 9 covered"
-        in extras(cluster, "coalesce").stdout
-    )
+    text = extras(cluster, "coalesce").stdout
+    assert f"running {long.id}, waiting {during[0].id}, 9 covered" in text
+    assert "1 coalesced key(s) held (a run or a waiting run), 0 idle" in text
     values = [r.get(timeout=60) for r in during]
     assert long.get(timeout=60)["run"] == long.id
     runs = runs_of(journal, PER_KEY)
@@ -102,6 +101,9 @@ def test_queued_twenty_times_runs_once_and_ten_during_a_run_give_exactly_one_mor
     totals = stats[worker.hostname]["extras"]["tasks"][PER_KEY]["total"]
     # a covered message ends as if it had run: it counts as succeeded too
     assert (totals["received"], totals["coalesced"], totals["succeeded"]) == (31, 28, 31)
+    # the key idle now (its last run kept for late messages): not counted as held
+    wait_for(lambda: "0 coalesced key(s) held (a run or a waiting run), 1 idle"
+             in extras(cluster, "coalesce").stdout, timeout=30, what="the key idle")  # fmt: skip
 
 
 def test_revoking_the_waiting_run_revokes_what_it_covers_and_a_covered_id_is_too_late(
