@@ -74,6 +74,23 @@ def browser(tmp_path: Path) -> Iterator[Any]:
             context.close()
 
 
+#: The parts of task names (text between the breaks after dots and underscores) that the
+#: page drew on more than one line.
+SPLIT_READ = """() => {
+  const split = [];
+  document.querySelectorAll("td.extras-task").forEach((td) => {
+    td.childNodes.forEach((node) => {
+      if (node.nodeType !== Node.TEXT_NODE) { return; }
+      const range = document.createRange();
+      range.selectNodeContents(node);
+      const tops = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+      if (tops.size > 1) { split.push(node.textContent); }
+    });
+  });
+  return split;
+}"""
+
+
 def shoot(page: Any, tmp_path: Path, name: str) -> Path:
     target = DOCS_IMG if os.environ.get("EXTRAS_DOCS_SCREENSHOTS") == "1" else tmp_path
     path = target / name
@@ -188,6 +205,12 @@ def test_flower_page_shows_each_worker_and_task_exactly(
                  timeout=30, what="the page following the events")  # fmt: skip
         wait_for(lambda: page.locator("#extras-chart-minute path").count() == 2, timeout=30,
                  what="the last-minute chart drawn")  # fmt: skip
+
+        # at 1280 px a task name wraps only after its dots and underscores, never mid-word
+        page.set_viewport_size({"width": 1280, "height": 1000})
+        split: list[str] = page.evaluate(SPLIT_READ)
+        assert split == [], f"task names wrapped mid-word: {split}"
+        shoot(page, tmp_path, "flower-extras-1280.png")
 
         # each worker's line: its gauges (from the gauge table) as /extras/data gives them
         def worker_lines() -> dict[str, list[str]] | None:
