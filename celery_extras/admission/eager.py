@@ -25,7 +25,8 @@ def warn_eager(task: Any = None, **_: Any) -> None:
     policies = policies_of(task)
     if policies is None:
         return
-    declared = [policy.decorator for policy in policies.declared()]
+    # a batched task runs eagerly as a batch of the one call (celery_extras.batch.runner)
+    declared = [policy.decorator for policy in policies.declared() if policy.name != "batch"]
     if not declared:
         return
     _warned.add(task.name)

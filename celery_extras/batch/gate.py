@@ -8,7 +8,9 @@ whose ``wait`` has passed, runs in the pool as one job (:func:`~.runner.run_batc
 it returns, every call ends as if it had run with its own part of the outcome
 (:func:`~celery_extras.admission.covered.end_covered`: its result, callbacks, chain and
 chord part; the batch's exception for each; a retry of each, as its own message), and only
-then is its message acked: a worker killed mid-batch loses none of them.
+then is its message acked: a worker killed mid-batch loses none of them. The calls end a
+slice at a time, between turns of the worker's loop (:data:`SLICE`), so a huge batch
+never freezes the worker.
 """
 
 from __future__ import annotations
@@ -16,14 +18,18 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
+import traceback
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from billiard.exceptions import WorkerLostError
 from celery import Celery, signals, states
 from celery.app.task import Context
 from celery.exceptions import MaxRetriesExceededError
+from kombu.exceptions import EncodeError
 
 from .. import compat
 from ..admission.covered import CoveredMessage, Outcome, context_of, end_covered
@@ -32,18 +38,41 @@ from ..admission.serial import serial
 from ..admission.spec import call_key
 from ..clock import monotonic
 from ..signals import task_batched, task_covered_ended
-from .runner import BatchEnding, exception_of, run_batch
+from .runner import BatchEnding, read_ending, run_batch
 from .spec import BatchSpec
 from .table import Batch, BatchTable
 
-__all__ = ["BatchGate"]
+__all__ = ["NEXT_SLICE", "SLICE", "SLICE_SECONDS", "BatchGate"]
 
 logger = logging.getLogger("celery_extras.batch")
+
+#: A batch's calls end in slices, one per turn of the worker's loop, each of at most SLICE
+#: calls or SLICE_SECONDS (real time, ~1 ms a call: its result, callbacks, event and ack),
+#: so a batch of 10,000 never keeps the loop from pings, heartbeats and other messages.
+SLICE = 500
+SLICE_SECONDS = 0.05
+#: Seconds before the next slice: the loop polls first (an entry due now would run in the
+#: same turn of its timer).
+NEXT_SLICE = 0.001
 
 
 def _retries(request: Any) -> int:
     retries = (getattr(request, "request_dict", None) or {}).get("retries")
     return retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
+
+
+def _end_encoded(app: Celery, name: str, message: CoveredMessage,
+                 outcome: Outcome) -> tuple[str, Outcome]:  # fmt: skip
+    """End *message* with *outcome* (:func:`end_covered`); as Celery's tracer does, with
+    ``EncodeError`` instead when its result cannot be encoded. Its state and outcome."""
+    try:
+        return end_covered(app, name, message, outcome), outcome
+    except EncodeError as exc:
+        if outcome.state != states.SUCCESS:
+            raise
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        failed = Outcome(states.FAILURE, exc, text, outcome.by)
+        return end_covered(app, name, message, failed), failed
 
 
 def _call(request: Any) -> dict[str, Any]:
@@ -63,7 +92,8 @@ class BatchGate(Gate):
         self.clock = clock
         self.specs: dict[str, BatchSpec] = {}
         self.table: BatchTable[Ticket] = BatchTable(clock)
-        self.running: dict[str, list[Ticket]] = {}  # by batch id
+        self.running: dict[str, list[Ticket]] = {}  # by batch id, until each call ended
+        self._ending: set[str] = set()  # batches whose calls are ending, slice by slice
         self.counts = {"batches": 0, "calls": 0, "succeeded": 0, "failed": 0, "retried": 0,
                        "revoked": 0, "requeued": 0}  # fmt: skip
         self._pipeline: Any = None
@@ -174,47 +204,71 @@ class BatchGate(Gate):
         serial(self._consumer).run(self._end, batch_id, ending)
 
     def _lost(self, batch_id: str, exc_info: Any) -> None:
-        """The pool lost the job (its process died, a hard time limit): as Celery does for
-        a task, the calls go back when the task acks late and rejects on a lost worker,
-        else each fails with the error."""
-        exc = getattr(exc_info, "exception", exc_info)
-        self._returned(batch_id, ("lost", exc if isinstance(exc, BaseException) else
-                                  RuntimeError(repr(exc))))  # fmt: skip
+        """The pool's error callback: as Celery does for a task, the calls go back when its
+        process died (``WorkerLostError``) and the task acks late and rejects on a lost
+        worker; else (a hard time limit, a result the pool could not send back: never a
+        lost worker) each fails with the error."""
+        exc, text = getattr(exc_info, "exception", exc_info), getattr(exc_info, "traceback", None)
+        exc = exc if isinstance(exc, BaseException) else RuntimeError(repr(exc))
+        kind = "lost" if isinstance(exc, WorkerLostError) else "error"
+        self._returned(batch_id, (kind, exc, text if isinstance(text, str) else None))
 
     def _end(self, batch_id: str, ending: BatchEnding) -> None:
-        tickets = self.running.pop(batch_id, None)
-        if tickets is None:
+        """End the calls of batch *batch_id* as it ended (*ending*): a slice of them now,
+        the rest in slices between later turns of the loop (:data:`SLICE`)."""
+        if batch_id not in self.running or batch_id in self._ending:
             return
-        kind = ending[0] if isinstance(ending, tuple) and ending else "failure"
-        for index, ticket in enumerate(tickets):
-            try:
-                if kind == "success":
-                    self._ended(ticket, Outcome(states.SUCCESS, ending[1][index], None, batch_id))
-                elif kind == "retry":
-                    reason = None if ending[2] is None else exception_of(self.app, ending[2])
-                    self._retry(ticket, ending[1], reason, ending[3], batch_id)
-                elif (
-                    kind == "lost"
-                    and ticket.request.task.acks_late
-                    and (ticket.request.task.reject_on_worker_lost)
-                ):
-                    self._give_back(ticket)
-                else:
-                    exc = (exception_of(self.app, ending[1]) if kind == "failure"
-                           else ending[1])  # fmt: skip
-                    text = ending[2] if len(ending) > 2 else None
-                    self._ended(ticket, Outcome(states.FAILURE, exc, text, batch_id))
-            except Exception:  # a result backend that fails: the message still goes
-                logger.exception("celery-extras: ending call %s of batch %s failed",
-                                 ticket.request.id, batch_id)  # fmt: skip
-                self._release(ticket)
+        self._ending.add(batch_id)
+        self._end_slice(batch_id, read_ending(self.app, ending), 0)
+
+    def _end_slice(self, batch_id: str, ending: BatchEnding, done: int) -> None:
+        """End the next calls of batch *batch_id* (the *done* first have ended): at most
+        :data:`SLICE` of them or :data:`SLICE_SECONDS` of the loop's time, the rest after
+        the loop's next turn."""
+        tickets = self.running.get(batch_id, [])
+        started = time.perf_counter()
+        count = 0
+        while count < min(len(tickets), SLICE) and (
+            count == 0 or time.perf_counter() - started < SLICE_SECONDS
+        ):
+            self._end_call(tickets[count], done + count, ending, batch_id)
+            count += 1
+        del tickets[:count]
+        if tickets:  # after a poll of the loop: a 0 s entry would run in this same turn
+            serial(self._consumer).call_after(NEXT_SLICE, self._end_slice,
+                                              (batch_id, ending, done + count))  # fmt: skip
+            return
+        self.running.pop(batch_id, None)
+        self._ending.discard(batch_id)
+
+    def _end_call(self, ticket: Ticket, index: int, ending: BatchEnding, batch_id: str) -> None:
+        """End call *index* of batch *batch_id* with its part of *ending* (then ack it)."""
+        kind = ending[0]
+        try:
+            if kind == "success":
+                self._ended(ticket, Outcome(states.SUCCESS, ending[1][index], None, batch_id))
+            elif kind == "retry":
+                self._retry(ticket, ending[1], ending[2], ending[3], batch_id)
+            elif (
+                kind == "lost"
+                and ticket.request.task.acks_late
+                and (ticket.request.task.reject_on_worker_lost)
+            ):
+                self._give_back(ticket)
+            else:
+                text = ending[2] if len(ending) > 2 else None
+                self._ended(ticket, Outcome(states.FAILURE, ending[1], text, batch_id))
+        except Exception:  # a result backend that fails: the message still goes
+            logger.exception("celery-extras: ending call %s of batch %s failed",
+                             ticket.request.id, batch_id)  # fmt: skip
+            self._release(ticket)
 
     def _ended(self, ticket: Ticket, outcome: Outcome) -> None:
         """End one call with *outcome* (the canvas rule), then ack its message."""
         request = ticket.request
         try:
             message = CoveredMessage(request.id, context_of(request))
-            state = end_covered(self.app, ticket.name, message, outcome)
+            state, outcome = _end_encoded(self.app, ticket.name, message, outcome)
             task_covered_ended.send(sender=ticket.name, task_id=request.id, state=state,
                                     by=outcome.by)  # fmt: skip
             if state == states.SUCCESS:

@@ -4,18 +4,20 @@
 finds it by name). It never raises: it returns how the batch ended, as plain data the
 worker's main process ends every call with (:class:`BatchEnding`). A task's ``self.retry()``
 (or its ``retry_policy``) inside a batch raises :class:`BatchRetry` instead of publishing a
-retry of the batch: the main process retries every call, each as its own message.
+retry of the batch: the main process retries every call, each as its own message. A batch
+sends ``task_prerun`` and ``task_postrun`` once, and is the current task while it runs;
+``apply()`` and eager calls run a batched task as a batch of one (:func:`install_batch`).
 """
 
 from __future__ import annotations
 
 import threading
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from celery import Task, current_app
+from celery import Task, current_app, signals, states
 from celery.exceptions import Retry
 
 from .call import Call
@@ -24,9 +26,11 @@ __all__ = [
     "BatchEnding",
     "BatchResultError",
     "BatchRetry",
+    "eager_call",
     "exception_of",
     "in_batch",
     "install_batch",
+    "read_ending",
     "run_batch",
 ]
 
@@ -57,10 +61,11 @@ def in_batch() -> bool:
 
 
 def install_batch(task: Task) -> None:
-    """Make *task*'s ``retry`` retry its batch's calls when it runs as a batch, and turn off
-    Celery's argument check (``typing``): a call's arguments are not the function's
-    (``def add(calls)``), so ``add.delay(1, 2)``, a chain's or a chord's callback would
-    fail it (idempotent)."""
+    """Make *task*'s ``retry`` retry its batch's calls when it runs as a batch, its ``run``
+    take a batch's request (:func:`run_batch`) or run an eager call (``apply()``,
+    ``task_always_eager``) as a batch of one, and turn off Celery's argument check
+    (``typing``): a call's arguments are not the function's (``def add(calls)``), so
+    ``add.delay(1, 2)``, a chain's or a chord's callback would fail it (idempotent)."""
     task.typing = False
     if task.__dict__.get("_extras_batch_retry"):
         return
@@ -75,7 +80,49 @@ def install_batch(task: Task) -> None:
                         countdown=countdown, max_retries=max_retries, **options)  # fmt: skip
 
     task.retry = retry
+    task.run = _batch_run(task, task.run)
     task._extras_batch_retry = True
+
+
+def _batch_run(task: Task, run: Callable[..., Any]) -> Callable[..., Any]:
+    """*task*'s ``run`` (*run*) as a batched task's: in a batch, on the batch's request;
+    eager, with the call as a batch of one, its item as the result; else as it is."""
+
+    def batch_run(*args: Any, **kwargs: Any) -> Any:
+        request = task.request
+        fields = getattr(_local, "request", None)
+        if in_batch() and fields is not None and fields.get("task") == task.name:
+            _local.request = None  # Task.__call__ pushed a bare request: the batch's now
+            request.update(fields)
+            return run(*args, **kwargs)
+        if in_batch() or not getattr(request, "is_eager", False):
+            return run(*args, **kwargs)
+        return _results(task.name, run([eager_call(request, args, kwargs)]), 1)[0]
+
+    return batch_run
+
+
+def eager_call(request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
+    """The one :class:`Call` of an eager run (``apply()``) on *request*: its headers as a
+    protocol-2 message has them (its ``id``, ``task``, ``retries``...) and its own."""
+    headers = {name: getattr(request, name, None)
+               for name in ("id", "task", "retries", "root_id", "parent_id", "group")}  # fmt: skip
+    headers.update(getattr(request, "headers", None) or {})
+    return Call(request.id, tuple(args), dict(kwargs), headers)
+
+
+def _results(name: str, returned: Any, count: int) -> list[Any]:
+    """One result per call of *count* from what batch task *name* returned (``None``: each
+    ``None``); :class:`BatchResultError` when it is not that."""
+    if returned is None:
+        return [None] * count
+    if not isinstance(returned, list | tuple) or len(returned) != count:
+        got = f"{len(returned)} results" if isinstance(returned, list | tuple) else repr(returned)
+        raise BatchResultError(
+            f"batch task {name} returned {got[:200]} for {count} calls: expected a list "
+            "of one result per call, in their order, or None"
+        )
+    return list(returned)
 
 
 def _stored(task: Task | None, exc: BaseException) -> Any:
@@ -89,6 +136,21 @@ def exception_of(app: Any, stored: Any) -> BaseException:
     return exc if isinstance(exc, BaseException) else RuntimeError(repr(stored))
 
 
+def read_ending(app: Any, ending: Any) -> BatchEnding:
+    """*ending* (as :func:`run_batch` returned it, or the worker's ``("lost" | "error",
+    exception, traceback text)``) with its exceptions read back, once for every call; a
+    malformed one is an ``"error"`` naming it."""
+    kind = ending[0] if isinstance(ending, tuple) and len(ending) >= 2 else None
+    if kind == "failure":
+        return ("failure", exception_of(app, ending[1]), *ending[2:3])
+    if kind == "retry" and len(ending) == 4:
+        reason = None if ending[2] is None else exception_of(app, ending[2])
+        return ("retry", ending[1], reason, ending[3])
+    if kind in ("success", "lost", "error"):
+        return tuple(ending)
+    return ("error", RuntimeError(f"unreadable batch ending {ending!r:.200}"), None)
+
+
 def _failure(exc: BaseException, task: Task | None = None) -> BatchEnding:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return ("failure", _stored(task, exc), text)
@@ -96,32 +158,46 @@ def _failure(exc: BaseException, task: Task | None = None) -> BatchEnding:
 
 def run_batch(name: str, calls: Sequence[Mapping[str, Any]], request: Mapping[str, Any]) -> Any:
     """Call task *name* once with *calls* (each ``{"id", "args", "kwargs", "headers"}``), on
-    *request* (its ``self.request``); how it ended (:data:`BatchEnding`)."""
+    *request* (its ``self.request``), ``task_prerun`` before and ``task_postrun`` after it
+    (the batch's id as ``task_id``, the calls as its one argument), and as the current task;
+    how it ended (:data:`BatchEnding`)."""
     try:
         task = current_app.tasks[name]
         batch = [Call(c["id"], tuple(c["args"]), dict(c["kwargs"]), dict(c["headers"]))
                  for c in calls]  # fmt: skip
     except Exception as exc:  # the task is not known here, or the calls are not readable
         return _failure(exc)
-    task.push_request(**request, args=[batch], kwargs={}, called_directly=False, is_eager=False)
+    fields = {**request, "task": name, "args": [batch], "kwargs": {}, "called_directly": False,
+              "is_eager": False}  # fmt: skip
     _local.batch = True
+    state, retval = states.FAILURE, None
+    ending: BatchEnding
     try:
-        returned = task.run(batch)
+        _send(signals.task_prerun, task, fields)
+        _local.request = fields
+        # Task.__call__ on an empty request stack (its full path, in a worker too): the
+        # current task, and a request the installed run fills with the batch's fields
+        retval = task(batch)
+        state, ending = states.SUCCESS, ("success", _results(name, retval, len(batch)))
     except Retry as retry:  # self.retry() (BatchRetry), or a Retry raised by hand
         reason = retry.exc if isinstance(retry.exc, BaseException) else None
         limit = retry.max_retries if isinstance(retry, BatchRetry) else None
-        return ("retry", retry.when, reason and _stored(task, reason), limit)
+        state, retval = states.RETRY, retry
+        ending = ("retry", retry.when, reason and _stored(task, reason), limit)
     except Exception as exc:
-        return _failure(exc, task)
+        state, retval, ending = states.FAILURE, exc, _failure(exc, task)
     finally:
-        _local.batch = False
+        _local.batch, _local.request = False, None
+        _send(signals.task_postrun, task, fields, retval=retval, state=state)
+    return ending
+
+
+def _send(signal: Any, task: Task, fields: Mapping[str, Any], **extra: Any) -> None:
+    """Send *signal* for the batch on *fields* (its request, ``task.request`` meanwhile),
+    as Celery's tracer sends ``task_prerun``/``task_postrun``."""
+    task.push_request(**fields)
+    try:
+        signal.send(sender=task, task_id=fields.get("id"), task=task, args=fields["args"],
+                    kwargs={}, **extra)  # fmt: skip
+    finally:
         task.pop_request()
-    if returned is None:
-        return ("success", [None] * len(batch))
-    if not isinstance(returned, list | tuple) or len(returned) != len(batch):
-        got = f"{len(returned)} results" if isinstance(returned, list | tuple) else repr(returned)
-        return _failure(task=task, exc=BatchResultError(
-            f"batch task {name} returned {got[:200]} for {len(batch)} calls: expected a list "
-            "of one result per call, in their order, or None"
-        ))  # fmt: skip
-    return ("success", list(returned))

@@ -18,8 +18,10 @@ from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
 INCLUDE = ("tests.support.tasks_batch",)
-DOUBLED, SLOW, FAILING, RETRYING = (f"tests.batch.{n}" for n in
-                                    ("doubled", "slow", "failing", "retrying"))  # fmt: skip
+DOUBLED, SLOW, FAILING, RETRYING, ODD, UNPICKLABLE, HUGE = (
+    f"tests.batch.{n}"
+    for n in ("doubled", "slow", "failing", "retrying", "odd", "unpicklable", "huge")
+)
 
 
 def batches(journal: Journal, task: str, **match: Any) -> list[dict[str, Any]]:
@@ -120,3 +122,72 @@ def test_a_limit_gates_each_call_before_it_joins_a_batch(
     # tokens 9 and 39 (the first and last batch full) come 1.5 s apart; unlimited, the four
     # batches would all start within a tenth of a second
     assert starts[-1] - starts[0] >= 1.0
+
+
+def test_bad_results_fail_their_calls_alone_and_a_batch_sends_its_signals(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """Issue 51: an item JSON cannot encode fails its call alone with ``EncodeError``, the
+    others succeed, none is left PENDING; with ``acks_late`` and ``reject_on_worker_lost``,
+    a result the prefork pool cannot send back fails each call once (it is no lost worker,
+    so no requeue, no rerun); ``task_prerun``/``task_postrun`` are sent once per batch with
+    its request, and ``current_task`` is the task inside its body."""
+    cluster.configure(include=INCLUDE)
+    worker = cluster.worker("w1", concurrency=2)
+    odd = [send(ODD, tag) for tag in (1, "bad", 3, 4)]
+    outcomes = [(r.get(timeout=30, propagate=False), r.state) for r in odd]
+    assert [o for i, o in enumerate(outcomes) if i != 1] == [(1, "SUCCESS"), (3, "SUCCESS"),
+                                                             (4, "SUCCESS")]  # fmt: skip
+    assert outcomes[1][1] == "FAILURE" and type(outcomes[1][0]).__name__ == "EncodeError"
+    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=10).stats()
+    totals = stats[worker.hostname]["extras"]["tasks"][ODD]["total"]
+    assert (totals["batched"], totals["succeeded"], totals["failed"]) == (1, 3, 1), totals
+
+    lost = [send(UNPICKLABLE, i) for i in range(3)]
+    for result in lost:
+        with pytest.raises(Exception, match=r"(?i)pickle") as failed:
+            result.get(timeout=30)
+        assert type(failed.value).__name__ == "MaybeEncodingError"
+    time.sleep(1.5)  # a requeued batch would run again within its wait (0.5 s)
+    assert len(batches(journal, UNPICKLABLE)) == 1
+
+    phases = {e["phase"]: e for e in batches(journal, ODD)}
+    body, prerun, postrun = phases["body"], phases["prerun"], phases["postrun"]
+    assert body["id"].startswith("batch-") and body["current"] == ODD
+    assert prerun["task_id"] == postrun["task_id"] == body["id"] == prerun["id"]
+    assert prerun["ids"] == body["ids"] and postrun["state"] == "SUCCESS"
+    assert len(batches(journal, ODD)) == 3  # each sent once
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_batch_of_two_thousand_calls_never_keeps_the_worker_from_answering_pings(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """Issue 51: the calls of a huge batch end in slices between turns of the worker's
+    loop, so a ping every 0.2 s while they end is answered within 0.5 s, every time (one
+    go at ~1.2 ms a call kept it silent for seconds); every result is right."""
+    cluster.configure(include=INCLUDE)
+    began = time.monotonic()
+    results = [send(HUGE, i) for i in range(2000)]  # queued before the worker starts
+    worker = cluster.worker("w1", concurrency=2)
+    started = time.monotonic()
+    wait_for(lambda: batches(journal, HUGE), timeout=60, what="the batch of 2,000")
+    ran = time.monotonic()
+    waits: list[float | None] = []
+    deadline = time.monotonic() + 40
+    while not (results[0].ready() and results[-1].ready()) and time.monotonic() < deadline:
+        asked = time.monotonic()
+        replies = cluster.app.control.ping(destination=[worker.hostname], timeout=0.5)
+        waits.append(time.monotonic() - asked if replies else None)
+        time.sleep(max(0.0, 0.2 - (time.monotonic() - asked)))
+    answered = [w for w in waits if w is not None]
+    print(
+        f"sent and started in {started - began:.1f} s, ran {ran - started:.1f} s later, "
+        f"ended in {time.monotonic() - ran:.1f} s; {len(waits)} pings while the calls "
+        f"ended, {len(answered)} answered, slowest {max(answered, default=0.0):.3f} s"
+    )
+    # each within the ping's timeout (0.5 s), as measured here too (0.1 s for the client)
+    assert waits and None not in waits and max(answered) <= 0.6, waits
+    assert [r.get(timeout=30) for r in results] == list(range(2000))
+    (one,) = batches(journal, HUGE)
+    assert one["n"] == 2000

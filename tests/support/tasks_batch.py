@@ -4,16 +4,27 @@ result came from, and "done exactly once" are read from the journal and the resu
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
-from celery import Task, shared_task
+from celery import Task, current_task, shared_task, signals
 
 from celery_extras import Call, batch, limit
 
 from .journal import Journal
 
-__all__ = ["doubled", "failing", "limited", "retrying", "slow", "total"]
+__all__ = [
+    "doubled",
+    "failing",
+    "huge",
+    "limited",
+    "odd",
+    "retrying",
+    "slow",
+    "total",
+    "unpicklable",
+]
 
 
 def _note(task: Task, calls: list[Call], **fields: Any) -> None:
@@ -68,3 +79,46 @@ def limited(self: Task, calls: list[Call]) -> list[Any]:
 @shared_task(name="tests.batch.total")
 def total(values: list[int]) -> int:
     return sum(values)
+
+
+@batch(size=4, wait=0.5)
+@shared_task(bind=True, name="tests.batch.odd")
+def odd(self: Task, calls: list[Call]) -> list[Any]:
+    """Journals the task ``current_task`` is; the call tagged ``"bad"`` gets an item no JSON
+    encoder takes (its caller alone fails with ``EncodeError``), the others their tag."""
+    now = current_task._get_current_object() if current_task else None
+    _note(self, calls, current=getattr(now, "name", None), phase="body")
+    return [object() if c.args[0] == "bad" else c.args[0] for c in calls]
+
+
+@signals.task_prerun.connect
+def _odd_prerun(task: Task | None = None, task_id: str | None = None, args: Any = None,
+                **_: Any) -> None:  # fmt: skip
+    """``task_prerun`` for a batch of ``odd``: journaled with the batch's request."""
+    if task is not None and task.name == "tests.batch.odd":
+        _note(task, args[0], phase="prerun", task_id=task_id)
+
+
+@signals.task_postrun.connect
+def _odd_postrun(task: Task | None = None, task_id: str | None = None, args: Any = None,
+                 state: str | None = None, **_: Any) -> None:  # fmt: skip
+    """``task_postrun`` for a batch of ``odd``: journaled with its state."""
+    if task is not None and task.name == "tests.batch.odd":
+        _note(task, args[0], phase="postrun", task_id=task_id, state=state)
+
+
+@batch(size=3, wait=0.5)
+@shared_task(bind=True, name="tests.batch.unpicklable", acks_late=True,
+             reject_on_worker_lost=True)  # fmt: skip
+def unpicklable(self: Task, calls: list[Call]) -> list[Any]:
+    """Returns locks: a prefork pool process cannot pickle them back to the worker."""
+    _note(self, calls)
+    return [threading.Lock() for _ in calls]
+
+
+@batch(size=2000, wait=60.0)
+@shared_task(bind=True, name="tests.batch.huge")
+def huge(self: Task, calls: list[Call]) -> list[Any]:
+    """Journals when its batch ran and returns each call's tag."""
+    _note(self, calls, start=time.time())
+    return [c.args[0] for c in calls]

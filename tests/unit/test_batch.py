@@ -128,3 +128,78 @@ def test_an_exception_fails_the_batch_and_self_retry_retries_it_without_publishi
 def test_an_unknown_task_is_a_failure_not_a_crash(app: Celery) -> None:
     kind, stored, _ = run_batch("u.missing", calls(1), REQUEST)
     assert kind == "failure" and "u.missing" in repr(exception_of(app, stored))
+
+
+def test_apply_and_eager_mode_run_the_task_as_a_batch_of_the_one_call(app: Celery) -> None:
+    """Issue 51: ``apply()`` and ``task_always_eager`` call the task with one ``Call`` and
+    give that call its item (the rest of its chain too); a wrong length fails it."""
+    seen: list[list[Call]] = []
+
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.eager", shared=False)
+    def eager(batch_calls: list[Call]) -> list[int]:
+        seen.append(batch_calls)
+        return [c.args[0] * 2 + c.kwargs.get("plus", 0) for c in batch_calls]
+
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.eager_short", shared=False)
+    def eager_short(batch_calls: list[Call]) -> list[int]:
+        return []
+
+    @app.task(name="u.plus_one", shared=False)
+    def plus_one(value: int) -> int:
+        return value + 1
+
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.eager_retry", bind=True, shared=False, max_retries=3)
+    def eager_retry(self: Any, batch_calls: list[Call]) -> list[Any]:
+        if self.request.retries < 2:
+            raise self.retry(countdown=0)
+        return [(c.args[0], c.headers["retries"]) for c in batch_calls]
+
+    applied = eager.apply(args=(1,), kwargs={"plus": 1})
+    assert (applied.get(), applied.state) == (3, "SUCCESS")
+    (one,) = seen[-1]
+    assert (one.id, one.args, one.kwargs) == (applied.id, (1,), {"plus": 1})
+    app.conf.task_always_eager = True
+    assert eager.delay(5).get() == 10
+    assert (eager.s(4) | plus_one.s()).delay().get() == 9
+    with pytest.raises(BatchResultError, match="returned 0 results for 1 calls"):
+        eager_short.delay(1).get()
+    assert [len(calls) for calls in seen] == [1, 1, 1]
+    assert eager_retry.delay(7).get() == (7, 2)  # retried eagerly, as Celery does
+
+
+def test_a_batch_sends_prerun_and_postrun_once_with_its_request_and_is_the_current_task(
+    app: Celery,
+) -> None:
+    """Issue 51: as celery-batches, ``task_prerun``/``task_postrun`` once per batch, the
+    batch's request as the task's; ``current_task`` the task in its body, then popped."""
+    from celery import current_task, signals
+
+    sent: list[tuple[str, Any, Any, Any]] = []
+    current: list[Any] = []
+
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.traced", bind=True, shared=False)
+    def traced(self: Any, batch_calls: list[Call]) -> list[int]:
+        current.append((current_task.name, self.request.id, self.request.called_directly))
+        return [c.args[0] for c in batch_calls]
+
+    def prerun(task: Any = None, task_id: Any = None, args: Any = None, **_: Any) -> None:
+        sent.append(("prerun", task_id, task.request.id, len(args[0])))
+
+    def postrun(task: Any = None, task_id: Any = None, state: Any = None, **_: Any) -> None:
+        sent.append(("postrun", task_id, task.request.id, state))
+
+    signals.task_prerun.connect(prerun, sender=traced, weak=False)
+    signals.task_postrun.connect(postrun, sender=traced, weak=False)
+    try:
+        assert run_batch("u.traced", calls(1, 2), REQUEST) == ("success", [1, 2])
+    finally:
+        signals.task_prerun.disconnect(prerun, sender=traced)
+        signals.task_postrun.disconnect(postrun, sender=traced)
+    assert sent == [("prerun", "batch-1", "batch-1", 2), ("postrun", "batch-1", "batch-1",
+                                                          "SUCCESS")]  # fmt: skip
+    assert current == [("u.traced", "batch-1", False)]
+    assert not current_task and traced.request.id is None
