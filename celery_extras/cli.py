@@ -353,7 +353,16 @@ def revoked_command(ctx: click.Context, limit: int, timeout: float, as_json: boo
     store = listing["store"]
     if as_json:
         click.echo(json.dumps(listing, sort_keys=True, default=str))
-    elif "error" not in store:
+    else:
+        _print_revoked(listing)
+    if "error" in store:  # after what the workers said: exit 1, the store's part missing
+        raise store_down(app_of(ctx), str(store["error"]))
+
+
+def _print_revoked(listing: dict[str, Any]) -> None:
+    """``extras revoked``'s text: the store's part (unless it is down), then each worker."""
+    store = listing["store"]
+    if "error" not in store:
         click.echo(f"store: {store['ids']} ids, {store['stamps']} stamps "
                    f"(changes {store['seq']}, clock {store['clock']})")  # fmt: skip
         for task_id, expires_at in store["newest_ids"].items():
@@ -373,8 +382,6 @@ def revoked_command(ctx: click.Context, limit: int, timeout: float, as_json: boo
             click.echo(f"  {task_id}")
         for header, value in reply.get("stamps", []):
             click.echo(f"  {header}={value}")
-    if "error" in store:  # after what the workers said: exit 1, the store's part missing
-        raise store_down(app_of(ctx), str(store["error"]))
 
 
 def _tasks(count: int) -> str:

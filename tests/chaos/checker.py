@@ -269,8 +269,10 @@ def _batches(history: History, starts: list[dict[str, Any]], ends: list[dict[str
         count = ended[node.id]
         if count == 1:
             continue
-        killed = history.near(history.sent.get(node.id, 0.0), ("kill",), before=600.0)
-        owner = "celery" if count == 2 and killed else "celery-extras"
+        # once more after a SIGKILL, or its ack lost with a restarted broker (as _twice)
+        again = history.near(history.sent.get(node.id, 0.0), ("kill", "broker_restart"),
+                             before=600.0)  # fmt: skip
+        owner = "celery" if count == 2 and again else "celery-extras"
         found.append(Violation("batch", f"call {node.id} in {count} batches that ended", owner))
     return found
 

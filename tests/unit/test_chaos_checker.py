@@ -110,6 +110,8 @@ def test_a_batched_call_in_two_batches_is_ours_unless_a_worker_was_killed() -> N
     assert kinds(check(history(nodes, entries))) == [("batch", "celery-extras")]
     killed = [Window("kill", 101.5, 101.5, "w0")]
     assert kinds(check(history(nodes, entries, windows=killed))) == [("batch", "celery")]
+    restarted = [Window("broker_restart", 101.5, 102.5)]  # its ack lost with the connection
+    assert kinds(check(history(nodes, entries, windows=restarted))) == [("batch", "celery")]
 
 
 def test_a_worker_silent_outside_a_fault_is_ours() -> None:

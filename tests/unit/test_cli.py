@@ -72,8 +72,11 @@ def one_line_error(result: Result) -> str:
     [
         (["concurrency", "cli-down.cappd", "3"],
          "Error: cli-down.cappd: no task of this app has that name; did you mean cli-down.capped"),
+        # the limited tasks listed are the app's: the shared tasks imported by the process too
         (["limit", "cli-down.limitd", "7/s", "--timeout", "0.1"],
-         "nothing stored (limited tasks: cli-down.limited); did you mean cli-down.limited"),
+         "declares no limit() for it; nothing stored (limited tasks: "),
+        (["limit", "cli-down.limitd", "7/s", "--timeout", "0.1"],
+         "); did you mean cli-down.limited"),
         (["limit", "--reset", "cli-down.limitd", "--timeout", "0.1"],
          "did you mean cli-down.limited"),
     ],
