@@ -110,10 +110,10 @@ def _after(history: History) -> dict[str, list[str]]:
     return before
 
 
-def _published_in_outage(history: History, task_id: str, ended: dict[str, float]) -> bool:
-    """Whether *task_id* was to be published by a worker as what it follows ended, while
-    the broker was restarting."""
-    parents = _after(history).get(task_id, [])
+def _published_in_outage(history: History, parents: list[str], ended: dict[str, float]
+                         ) -> bool:  # fmt: skip
+    """Whether a message was to be published by a worker as what it follows (*parents*)
+    ended, while the broker was restarting."""
     last = max((ended[p] for p in parents if p in ended), default=None)
     return last is not None and history.near(last, ("broker_restart",), after=5.0, before=1.0)
 
@@ -123,6 +123,7 @@ def _lost(history: History) -> list[Violation]:
     ended = {e["id"]: e["t"] for e in history.entries if e.get("phase") == "end"}
     for e in history.entries:  # a batch's end ends each of its calls
         ended.update(dict.fromkeys(e.get("calls") or (), e["t"]))
+    after = _after(history)
     retried = {e["id"] for e in history.entries if e.get("phase") == "end" and e.get("retries")}
     found = []
     for node in history.workload.nodes():
@@ -132,10 +133,11 @@ def _lost(history: History) -> list[Violation]:
             # the SUCCESS: Celery's backends check, then write (not atomic)
             found.append(Violation("RETRY over SUCCESS", f"{node.task}[{node.id}]", "celery"))
         elif state not in READY:
-            if node.id in history.unsent:
-                continue
+            parents = after.get(node.id, [])
+            if node.id in history.unsent or any(p not in ended for p in parents):
+                continue  # never sent, or what it follows never ended: reported there
             owner = "celery" if node.id in history.in_transit else "celery-extras"
-            if owner != "celery" and _published_in_outage(history, node.id, ended):
+            if owner != "celery" and _published_in_outage(history, parents, ended):
                 owner = "celery"  # Celery's publish of a callback gave up, the broker down
             found.append(Violation("lost", f"{node.task}[{node.id}] ended {state}", owner))
         elif state != "SUCCESS":

@@ -150,3 +150,12 @@ def test_a_chain_step_whose_publish_met_a_broker_restart_is_celerys() -> None:
     assert kinds(check(lost)) == [("lost", "celery-extras")]
     lost.windows = [Window("broker_restart", 101.0, 103.0)]
     assert kinds(check(lost)) == [("lost", "celery")]
+
+
+def test_a_chain_step_after_a_step_that_never_ended_is_not_lost_twice() -> None:
+    """Its previous step's loss (reported, Celery's here) is why it was never published."""
+    nodes = [node(1), node(2), node(3)]
+    work = Workload(1, 60.0, "prefork", 2, [Send(0.0, 0, "chain", tuple(nodes))])
+    lost = History(work, dict.fromkeys(("id1", "id2", "id3"), 100.0), [], {},
+                   in_transit={"id1"})  # fmt: skip
+    assert kinds(check(lost)) == [("lost", "celery")]
