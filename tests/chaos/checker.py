@@ -26,6 +26,9 @@ JITTER = 1.25
 RECOVERY = 20.0
 #: The longest a live worker may go without answering ``ping`` outside faults
 SILENCE = 10.0
+#: How far before a fault a body may have started and still be excused by it (any time
+#: in a run)
+EARLIER = 600.0
 
 
 @dataclass(frozen=True)
@@ -161,9 +164,9 @@ def _twice(history: History, starts: list[dict[str, Any]]) -> list[Violation]:
             continue
         bodies.sort(key=lambda e: e["t"])
         excused = sum(1 for e in bodies[:-1] if history.near(
-            e["t"], ("kill",), after=0.0, before=600.0, worker=e["worker"]))  # fmt: skip
+            e["t"], ("kill",), after=0.0, before=EARLIER, worker=e["worker"]))  # fmt: skip
         restarts = sum(1 for e in bodies[:-1] if history.near(
-            e["t"], ("broker_restart",), after=RECOVERY, before=600.0))  # fmt: skip
+            e["t"], ("broker_restart",), after=RECOVERY, before=EARLIER))  # fmt: skip
         extra = len(bodies) - 1
         what = f"{bodies[0]['task']}[{task_id}] attempt {attempt} ran {len(bodies)} times"
         if extra <= excused:
@@ -273,7 +276,7 @@ def _batches(history: History, starts: list[dict[str, Any]], ends: list[dict[str
             continue
         # once more after a SIGKILL, or its ack lost with a restarted broker (as _twice)
         again = history.near(history.sent.get(node.id, 0.0), ("kill", "broker_restart"),
-                             before=600.0)  # fmt: skip
+                             before=EARLIER)  # fmt: skip
         owner = "celery" if count == 2 and again else "celery-extras"
         found.append(Violation("batch", f"call {node.id} in {count} batches that ended", owner))
     return found

@@ -65,6 +65,7 @@ class Run:
         self.store = PrivateRedis(self.workdir / "store").start()
         self.redis = PrivateRedis(self.workdir / "broker").start()  # a Redis broker
         self.backend = PrivateRedis(self.workdir / "results").start()  # never faulted
+        self.backend_client = redis.Redis(port=self.backend.port, decode_responses=True)
         self.proxy = StallingProxy(("127.0.0.1", self.store.port)).start()
         self.rabbitmq = SharedRabbitMQ() if self.kind == "rabbitmq" else None
         try:
@@ -73,6 +74,7 @@ class Run:
             self.proxy.close()
             self.store.stop()
             self.redis.stop()
+            self.backend_client.close()
             self.backend.stop()
             if self.rabbitmq is not None and self.rabbitmq.stopped:
                 self.rabbitmq.start()
@@ -204,7 +206,7 @@ class Run:
     # -- the history -----------------------------------------------------------------------
 
     def results(self) -> dict[str, tuple[str, Any]]:
-        client = redis.Redis(port=self.backend.port, decode_responses=True)
+        client = self.backend_client  # read every half second while the run drains
         ids = [n.id for n in self.workload.nodes()]
         found: dict[str, tuple[str, Any]] = {}
         for start in range(0, len(ids), 500):
@@ -214,7 +216,6 @@ class Run:
                 if raw is not None:
                     meta = json.loads(raw)
                     found[task_id] = (meta.get("status"), meta.get("result"))
-        client.close()
         return found
 
     def drain(self) -> dict[str, tuple[str, Any]]:

@@ -5,8 +5,6 @@ result names the run that covered it."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Any
 
@@ -98,12 +96,7 @@ def retried(self: Task, key: str, tag: Any = None, seconds: float = 0.02) -> dic
 def batched(self: Task, calls: list[Call]) -> list[Any]:
     """Journals each call's start under the call's id, then the batch's end."""
     journal = _journal(self)
-    now, pid, worker = time.time(), os.getpid(), self.request.hostname
-    for call in calls:
-        entry = {"task": self.name, "id": call.id, "t": now, "pid": pid, "worker": worker,
-                 "retries": 0, "phase": "start", "key": call.args[0], "tag": call.args[1],
-                 "batch": self.request.id}  # fmt: skip
-        journal.client.rpush(journal.key, json.dumps(entry))
+    journal.note_calls(self, calls)
     time.sleep(0.05)
     journal.note(self, phase="end", key="", tag=None, batch=self.request.id,
                  calls=[call.id for call in calls])  # fmt: skip

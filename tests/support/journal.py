@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -43,6 +44,15 @@ class Journal:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+
+    def note_calls(self, task: Task, calls: Sequence[Any], **fields: Any) -> None:
+        """In a batched task whose calls' arguments are ``(key, tag, ...)``: one ``start``
+        entry per call, under the call's id (so bodies are counted per message), in one write."""
+        base = {"task": task.name, "t": time.time(), "pid": os.getpid(),
+                "worker": task.request.hostname, "retries": 0, "phase": "start",
+                "batch": task.request.id, **fields}  # fmt: skip
+        self.client.rpush(self.key, *(json.dumps({**base, "id": c.id, "key": c.args[0],
+                                                  "tag": c.args[1]}) for c in calls))  # fmt: skip
 
     def raise_flag(self, name: str) -> None:
         """Tell tasks waiting in :meth:`wait_for_flag` to go on."""

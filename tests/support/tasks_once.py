@@ -4,7 +4,6 @@ calls' ids), so a test counts bodies per id, not runs per key."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -54,10 +53,6 @@ def capped(self: Task, key: str, tag: Any = None, seconds: float = 0.05) -> dict
 @batch(size=8, wait=0.2)
 @shared_task(bind=True, name="tests.once.batched")
 def batched(self: Task, calls: list[Call]) -> list[Any]:
-    journal = Journal(self.app.main or "extras-test")
-    for call in calls:
-        entry = {"task": self.name, "id": call.id, "t": time.time(), "phase": "start",
-                 "key": call.args[0], "tag": call.args[1], "batch": self.request.id}  # fmt: skip
-        journal.client.rpush(journal.key, json.dumps(entry))
+    Journal(self.app.main or "extras-test").note_calls(self, calls)
     time.sleep(0.05)
     return [call.args[1] for call in calls]
