@@ -1,7 +1,7 @@
 """``python -m bench chaos [--minutes N] [--seed S] [--broker redis|rabbitmq|both]
 [--seconds S]``: the randomized checker (tests/chaos) on random seeds for *N* minutes:
 each seed a random workload of every policy in random canvas, on a random pool, with
-faults (the shared RabbitMQ restarted too: run it on a machine of its own). A failure
+faults (brokers and store of its own: it may run beside other tests). A failure
 prints its seed; ``--seed S`` replays it (the same workload and fault schedule)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One seed's run against real workers and brokers: a private Redis as the store (behind a
-proxy that can stall), the broker (a private persistent Redis, or the shared RabbitMQ) and
+proxy that can stall), the broker (a private persistent Redis, or a private RabbitMQ node) and
 a private Redis for results, which no fault touches (a result lost with its backend is
 Celery's); the journal on the shared Redis, outside the system under test. Producers send
 the workload on time, a fault thread injects its faults, a pinger asks every worker for
@@ -27,7 +27,7 @@ from celery import Celery, chain, chord, group
 from tests.chaos.checker import READY, History, Window
 from tests.chaos.workload import Send, Workload
 from tests.support import proj
-from tests.support.brokers import BROKERS, PrivateRedis, SharedRabbitMQ
+from tests.support.brokers import PrivateRabbitMQ, PrivateRedis
 from tests.support.journal import Journal
 from tests.support.proxy import StallingProxy
 from tests.support.workers import WorkerProcess
@@ -67,7 +67,7 @@ class Run:
         self.backend = PrivateRedis(self.workdir / "results").start()  # never faulted
         self.backend_client = redis.Redis(port=self.backend.port, decode_responses=True)
         self.proxy = StallingProxy(("127.0.0.1", self.store.port)).start()
-        self.rabbitmq = SharedRabbitMQ() if self.kind == "rabbitmq" else None
+        self.rabbitmq = PrivateRabbitMQ().launch() if self.kind == "rabbitmq" else None
         try:
             yield
         finally:
@@ -76,11 +76,11 @@ class Run:
             self.redis.stop()
             self.backend_client.close()
             self.backend.stop()
-            if self.rabbitmq is not None and self.rabbitmq.stopped:
-                self.rabbitmq.start()
+            if self.rabbitmq is not None:
+                self.rabbitmq.shutdown()
 
     def configure(self) -> Celery:
-        self.broker_url = BROKERS["rabbitmq"] if self.kind == "rabbitmq" else self.redis.url
+        self.broker_url = (self.rabbitmq or self.redis).url
         self.conf = {
             "result_backend": f"redis://127.0.0.1:{self.backend.port}/0",
             "extras_redis_url": self.proxy.url,

@@ -17,8 +17,7 @@ from tests.chaos.workload import generate
 pytestmark = pytest.mark.scenario
 
 #: (seed, broker, pool, faults): every pool, both brokers and every fault kind, each seed
-#: drawing both of its two faults (the shared RabbitMQ is never restarted here: other tests
-#: use it meanwhile)
+#: drawing both of its two faults
 SEEDS = [
     (105, "redis", "prefork", ("kill", "store_pause")),
     (202, "redis", "threads", ("store_stall", "broker_restart")),

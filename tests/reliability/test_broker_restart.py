@@ -9,7 +9,6 @@ still holds, and a revoke sent after the restart is honoured.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -24,16 +23,16 @@ from celery_extras.delay.mover_thread import ConfirmedPublisher, Unconfirmed
 from celery_extras.delay.parking import due_queue
 from celery_extras.delay.store import Claim
 from tests.integration.conftest import Cluster, restartable_cluster
-from tests.support.brokers import Restartable, SharedRabbitMQ, require_broker
+from tests.support.brokers import Restartable, private_rabbitmq
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
 INCLUDE = ("tests.support.tasks_reliability",)
 
 
-#: Redis: the test's own server, restarted beside the other tests; RabbitMQ: the shared one,
-#: with no test beside it.
-KINDS = ["redis", pytest.param("rabbitmq", marks=pytest.mark.exclusive)]
+#: each a broker of the test's own (a Redis server, a RabbitMQ node), restarted beside the
+#: other tests
+KINDS = ["redis", "rabbitmq"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -146,7 +145,6 @@ def test_a_retry_that_cannot_be_published_keeps_its_task(
         assert worker.alive()
 
 
-@pytest.mark.exclusive
 def test_the_mover_releases_only_what_rabbitmq_confirmed(ns: str) -> None:
     """Entries are published in batches of 20 and counted once confirmed, as the mover
     releases them, while RabbitMQ stops. Without publisher confirms the last publishes
@@ -157,51 +155,50 @@ def test_the_mover_releases_only_what_rabbitmq_confirmed(ns: str) -> None:
     a batch whose confirms did not come, or whose connection failed halfway, is not
     counted (the broker may have some of it: copies the store's take drops when the
     entries are published again)."""
-    app = Celery(ns, broker=require_broker("rabbitmq"), set_as_current=False)
-    rabbitmq = SharedRabbitMQ()
-    entry = Entry(task="tests.noop", task_id="t1", kind="eta", body=b"[[], {}, {}]",
-                  content_type="application/json", content_encoding="utf-8", queue=ns,
-                  properties={"delivery_mode": 2})  # fmt: skip
-    publisher = ConfirmedPublisher(app)
-    confirmed = 0
+    with private_rabbitmq() as rabbitmq:
+        app = Celery(ns, broker=rabbitmq.url, set_as_current=False)
+        entry = Entry(task="tests.noop", task_id="t1", kind="eta", body=b"[[], {}, {}]",
+                      content_type="application/json", content_encoding="utf-8", queue=ns,
+                      properties={"delivery_mode": 2})  # fmt: skip
+        publisher = ConfirmedPublisher(app)
+        confirmed = 0
 
-    def batch(size: int) -> None:
-        nonlocal confirmed
-        published = 0
+        def batch(size: int) -> None:
+            nonlocal confirmed
+            published = 0
+            try:
+                for i in range(size):
+                    publisher(entry, Claim(f"e{confirmed + i}", "token", 1, "", 0.0))
+                    published += 1
+            finally:  # as the mover does: what was published counts once confirmed
+                if published:
+                    publisher.confirm()
+                    confirmed += published
+
         try:
-            for i in range(size):
-                publisher(entry, Claim(f"e{confirmed + i}", "token", 1, "", 0.0))
-                published += 1
-        finally:  # as the mover does: what was published counts once confirmed
-            if published:
-                publisher.confirm()
-                confirmed += published
-
-    try:
-        batch(1)
-        channels = subprocess.run(["rabbitmqctl", "-q", "list_channels", "confirm"],
-                                  check=True, capture_output=True, text=True).stdout  # fmt: skip
-        assert "true" in channels.split()  # the publisher's channel is in confirm mode
-        # a connection the broker closed between batches (idle past its heartbeat): the
-        # batch's first publish goes again on a new one
-        subprocess.run(["rabbitmqctl", "-q", "close_all_connections", "test"],
-                       check=True, capture_output=True)  # fmt: skip
-        batch(5)
-        stopping = threading.Timer(0.5, rabbitmq.stop)
-        stopping.start()
-        # the broker goes: a publish or a confirm fails, or, between batches, reconnecting
-        # is refused (kombu raises that as its OperationalError)
-        with pytest.raises((Unconfirmed, OperationalError, *app.connection().connection_errors)):
-            for _ in range(100_000):
-                batch(20)
-        stopping.join()
-    finally:
-        if rabbitmq.stopped:
-            rabbitmq.start()
-        publisher.close()
-    with app.connection_for_write() as connection:
-        channel = connection.default_channel
-        kept = channel.queue_declare(due_queue(ns).name, passive=True).message_count
-        channel.queue_delete(due_queue(ns).name)
+            batch(1)
+            channels = rabbitmq.ctl("list_channels", "confirm")
+            assert "true" in channels.split()  # the publisher's channel is in confirm mode
+            # a connection the broker closed between batches (idle past its heartbeat): the
+            # batch's first publish goes again on a new one
+            rabbitmq.ctl("close_all_connections", "test")
+            batch(5)
+            stopping = threading.Timer(0.5, rabbitmq.stop)
+            stopping.start()
+            # the broker goes: a publish or a confirm fails, or, between batches, reconnecting
+            # is refused (kombu raises that as its OperationalError)
+            with pytest.raises(
+                (Unconfirmed, OperationalError, *app.connection().connection_errors)
+            ):
+                for _ in range(100_000):
+                    batch(20)
+            stopping.join()
+        finally:
+            if rabbitmq.stopped:
+                rabbitmq.start()
+            publisher.close()
+        with app.connection_for_write() as connection:
+            kept = connection.default_channel.queue_declare(due_queue(ns).name,
+                                                            passive=True).message_count  # fmt: skip
     print(f"\n{confirmed} publishes confirmed before RabbitMQ stopped; {kept} in the queue")
     assert confirmed > 6 and confirmed <= kept <= confirmed + 20  # and some of the last batch

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -15,9 +18,10 @@ __all__ = [
     "BACKEND_URL",
     "BROKERS",
     "REDIS_URL",
+    "PrivateRabbitMQ",
     "PrivateRedis",
     "Restartable",
-    "SharedRabbitMQ",
+    "private_rabbitmq",
     "require_broker",
     "restartable_broker",
 ]
@@ -159,26 +163,80 @@ def _task_message(raw: bytes) -> tuple[str, str] | None:
         return None
 
 
-class SharedRabbitMQ:
-    """The shared RabbitMQ's application, stopped and started (durable queues and persistent
-    messages survive); only for runs that own the machine, as CI does."""
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
-    url = BROKERS["rabbitmq"]
+
+class PrivateRabbitMQ:
+    """A RabbitMQ node of the test's own (its own port, Erlang distribution port, data and
+    log folders), started with ``rabbitmq-server -detached``: a test may stop and restart
+    it beside tests that use the shared one. Durable queues and persistent messages
+    survive :meth:`restart` (the application stopped and started, as on the shared node).
+
+    Its folder is not the test's ``tmp_path``: Debian's ``rabbitmq-server`` runs the node as
+    the ``rabbitmq`` user, who cannot enter pytest's folders (mode 700)."""
+
+    STARTUP = 120.0  # seconds: a node boots in about 5 s alone, far slower on a loaded machine
 
     def __init__(self) -> None:
-        self.stopped = False
+        self.port = _free_port()
+        self.node = f"test{self.port}@localhost"
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        self.home: Path | None = None
+        self.stopped = True
 
-    @staticmethod
-    def _ctl(*command: str) -> None:
-        subprocess.run(["rabbitmqctl", *command], check=True, capture_output=True, timeout=120)
+    def _env(self) -> dict[str, str]:
+        assert self.home is not None
+        return {
+            **os.environ,
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_DIST_PORT": str(_free_port()),
+            "RABBITMQ_MNESIA_BASE": str(self.home / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.home / "log"),
+            "RABBITMQ_PID_FILE": str(self.home / "pid"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.home / "plugins"),
+            "RABBITMQ_CONFIG_FILE": str(self.home / "rabbitmq.conf"),
+        }
+
+    def ctl(self, *command: str) -> str:
+        """``rabbitmqctl -q`` *command* on this node; its output."""
+        done = subprocess.run(["rabbitmqctl", "-q", "-n", self.node, *command], check=True,
+                              capture_output=True, text=True, timeout=self.STARTUP)  # fmt: skip
+        return done.stdout
+
+    def launch(self) -> PrivateRabbitMQ:
+        """Boot the node (its Erlang VM and the application), once."""
+        self.home = Path(tempfile.mkdtemp(prefix=f"rabbitmq-{self.port}-"))
+        (self.home / "plugins").write_text("[].\n")
+        (self.home / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        if os.geteuid() == 0:  # the server script runs the node as the rabbitmq user
+            for path in (self.home, *self.home.iterdir()):
+                shutil.chown(path, "rabbitmq", "rabbitmq")
+        subprocess.run(["rabbitmq-server", "-detached"], env=self._env(), check=True,
+                       capture_output=True, timeout=self.STARTUP)  # fmt: skip
+        deadline = time.monotonic() + self.STARTUP
+        while True:  # await_startup fails at once while the VM is not yet registered
+            try:
+                self.ctl("await_startup")
+                break
+            except subprocess.CalledProcessError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"private RabbitMQ {self.node} did not start "
+                                       f"(logs: {self.home / 'log'})") from None  # fmt: skip
+                time.sleep(0.5)
+        self.stopped = False
+        return self
 
     def stop(self) -> None:
+        """Stop the application (the node's VM keeps running, as on the shared node)."""
         self.stopped = True
-        self._ctl("stop_app")
+        self.ctl("stop_app")
 
     def start(self) -> None:
-        self._ctl("start_app")
-        self._ctl("await_startup")
+        self.ctl("start_app")
+        self.ctl("await_startup")
         self.stopped = False
 
     def restart(self, down_for: float = 1.0) -> None:
@@ -186,26 +244,44 @@ class SharedRabbitMQ:
         time.sleep(down_for)  # the outage itself, not a wait for a condition
         self.start()
 
+    def shutdown(self) -> None:
+        """Stop the whole node and remove its folder."""
+        if self.home is None:
+            return
+        try:  # with the pid file, rabbitmqctl waits until the VM has exited
+            self.ctl("stop", str(self.home / "pid"))
+        except (subprocess.SubprocessError, OSError):
+            pid = (self.home / "pid").read_text().strip() if (self.home / "pid").exists() else ""
+            if pid.isdigit():
+                subprocess.run(["kill", "-9", pid], check=False)
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.home = None
+
     def lost_in_transit(self) -> Counter[str]:
         """None: a RabbitMQ message is the broker's until it is acked."""
         return Counter()
 
 
-Restartable = PrivateRedis | SharedRabbitMQ
+Restartable = PrivateRedis | PrivateRabbitMQ
+
+
+@contextmanager
+def private_rabbitmq() -> Iterator[PrivateRabbitMQ]:
+    """A RabbitMQ node of the caller's own, shut down afterwards whatever happened."""
+    rabbitmq = PrivateRabbitMQ()
+    try:
+        yield rabbitmq.launch()
+    finally:
+        rabbitmq.shutdown()
 
 
 @contextmanager
 def restartable_broker(kind: str, workdir: Path) -> Iterator[Restartable]:
-    """A broker a test may stop, start and restart: a private persistent Redis, or the shared
-    RabbitMQ, which is running again afterwards whatever the test did."""
+    """A broker of the test's own that it may stop, start and restart: a persistent Redis,
+    or a RabbitMQ node; stopped afterwards whatever the test did."""
     if kind == "rabbitmq":
-        require_broker("rabbitmq")
-        rabbitmq = SharedRabbitMQ()
-        try:
+        with private_rabbitmq() as rabbitmq:
             yield rabbitmq
-        finally:
-            if rabbitmq.stopped:
-                rabbitmq.start()
         return
     server = PrivateRedis(workdir).start()
     try:

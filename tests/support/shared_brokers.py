@@ -30,7 +30,7 @@ class Service:
     up_within: float  # seconds
     dirs: tuple[str, ...] = ()  # made before it starts
     #: succeeds while the service runs with its port closed: a RabbitMQ node whose
-    #: application a test stopped (``SharedRabbitMQ``) is not the session's to start or stop
+    #: application was stopped is not the session's to start or stop
     alive: tuple[str, ...] = ()
 
 
