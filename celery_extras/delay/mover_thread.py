@@ -98,18 +98,20 @@ class ConfirmedPublisher:
         self._lost = False  # the connection was lost with publishes unconfirmed
 
     def __call__(self, entry: Entry, claim: Claim) -> None:
-        """Publish; on AMQP a failed publish drops the connection (the delivery tags start
-        again on the next), and the first of a batch is tried once more on a new one (the
-        broker closes a connection idle past its heartbeat)."""
+        """Publish; a failed publish drops the connection, and the next opens a new one: on
+        Redis, kombu leaves a connection whose retries ran out during an outage unusable
+        for good (chaos seed 120364); on AMQP the delivery tags start again on the next, and
+        the first of a batch is tried once more on a new one (the broker closes a connection
+        idle past its heartbeat)."""
         for last in (False, True):
             producer = self._producer or self._open()
             try:
                 publish_entry(self.app, entry, claim, producer, retry=not self._confirms)
             except Exception:
-                if not self._confirms:
-                    raise
                 first = not self._unconfirmed
                 self.close()
+                if not self._confirms:
+                    raise
                 if not first:  # the batch's earlier publishes go unconfirmed
                     self._lost = True
                 if last or not first:

@@ -23,7 +23,7 @@ from celery_extras.delay.mover_thread import ConfirmedPublisher, Unconfirmed
 from celery_extras.delay.parking import due_queue
 from celery_extras.delay.store import Claim
 from tests.integration.conftest import Cluster, restartable_cluster
-from tests.support.brokers import Restartable, private_rabbitmq
+from tests.support.brokers import PrivateRedis, Restartable, private_rabbitmq
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
@@ -202,3 +202,35 @@ def test_the_mover_releases_only_what_rabbitmq_confirmed(ns: str) -> None:
                                                             passive=True).message_count  # fmt: skip
     print(f"\n{confirmed} publishes confirmed before RabbitMQ stopped; {kept} in the queue")
     assert confirmed > 6 and confirmed <= kept <= confirmed + 20  # and some of the last batch
+
+
+def test_the_mover_publishes_again_after_a_redis_outage_its_retries_outlasted_seed_120364(
+    ns: str, tmp_path: Path
+) -> None:
+    """Chaos seed 120364 (eventlet, Redis broker restarted for 3.9 s): parked ETA tasks
+    were claimed every lease, 9 s, and never published again. A publish whose retries ran
+    out during the outage left kombu's connection unusable for good (``AttributeError:
+    'NoneType' object has no attribute 'transport_options'`` on every later publish, on
+    every pool): the publisher now drops it and the next publish opens a new one."""
+    redis = PrivateRedis(tmp_path).start()
+    app = Celery(ns, broker=redis.url, set_as_current=False)
+    entry = Entry(task="tests.noop", task_id="t1", kind="eta", body=b"[[], {}, {}]",
+                  content_type="application/json", content_encoding="utf-8", queue=ns,
+                  properties={"delivery_mode": 2})  # fmt: skip
+    publisher = ConfirmedPublisher(app)
+    try:
+        publisher(entry, Claim("e0", "token", 1, "", 0.0))
+        redis.stop()
+        with pytest.raises(OperationalError):  # kombu's retries run out: the broker is down
+            publisher(entry, Claim("e1", "token", 1, "", 0.0))
+        redis.start()
+        for i in range(2, 5):
+            publisher(entry, Claim(f"e{i}", "token", 1, "", 0.0))
+            publisher.confirm()
+        with app.connection_for_write() as connection:
+            kept = connection.default_channel.queue_declare(due_queue(ns).name,
+                                                            passive=True).message_count  # fmt: skip
+        assert kept == 4  # e0, and e2 to e4 published after the outage
+    finally:
+        publisher.close()
+        redis.stop()
