@@ -67,6 +67,7 @@ __all__ = [
     "request_embed",
     "request_pending",
     "reserved_requests",
+    "restore_interval",
     "revoked_or_cancelled",
     "shared_task_parts",
     "stop_pool_threads",
@@ -761,6 +762,16 @@ def transport_channels(transport: Any) -> list[Any]:
     """The open channels of a virtual kombu transport (Redis...)."""
     channels: list[Any] = getattr(transport, "channels", None) or []
     return channels
+
+
+def restore_interval(connection: Any) -> float:
+    """Seconds between kombu's Redis transport's restores of unacked messages
+    (``unacked_restore_interval``, as its event loop timer reads it)."""
+    from kombu.transport.redis import Channel
+
+    default = float(Channel.unacked_restore_interval)
+    interval = connection.transport_options.get("unacked_restore_interval", default)
+    return float(interval) if float(interval) > 0 else default
 
 
 def replace_connection_close(

@@ -37,7 +37,7 @@ from .settings import (
 from .stats.capability import STATS
 from .store.client import StoreStep, check_store
 from .sync.capability import SYNC
-from .workarounds import EventLoopGuard, PoolFlushGuard, RedisCloseGuard
+from .workarounds import EventLoopGuard, PoolFlushGuard, RedisCloseGuard, RedisRestoreGuard
 
 __all__ = [
     "CAPABILITIES",
@@ -155,6 +155,7 @@ def install(app: Celery, **options: Any) -> Celery:
     app.steps["worker"].add(PoolFlushGuard)
     app.steps["worker"].add(EventLoopGuard)
     app.steps["consumer"].add(RedisCloseGuard)
+    app.steps["consumer"].add(RedisRestoreGuard)
     app.steps["consumer"].add(StoreStep)
     for capability in CAPABILITIES:
         for step in capability.worker_steps:

@@ -20,10 +20,11 @@ from .compat import (
     keep_written_jobs,
     loop_closed,
     replace_connection_close,
+    restore_interval,
     transport_channels,
 )
 
-__all__ = ["EventLoopGuard", "PoolFlushGuard", "RedisCloseGuard"]
+__all__ = ["EventLoopGuard", "PoolFlushGuard", "RedisCloseGuard", "RedisRestoreGuard"]
 
 logger = logging.getLogger(__name__)
 #: kombu's virtual transport logs a message delivered after its consumer was cancelled.
@@ -58,6 +59,48 @@ class RedisCloseGuard(bootsteps.StartStopStep):
         transport = connection.transport  # collect() drops it before release() runs
         replace_connection_close(connection, lambda close, clean: _guarded(close, transport,
                                                                              clean))  # fmt: skip
+
+
+class RedisRestoreGuard(bootsteps.StartStopStep):
+    """Gives unacked messages back on the green pools' Redis connections too.
+
+    kombu's Redis transport gives back messages left unacked past the visibility timeout
+    (a SIGKILLed worker's, a lost connection's) from a timer of the worker's event loop.
+    gevent and eventlet run Celery's loop without one, where kombu tries only when a poll
+    finds nothing, and the answer to its one-second ``BRPOP`` is always something: an idle
+    eventlet worker tried once in 13 s where prefork tried 15 times (2026-11-29), and
+    messages a broker restart left unacked waited for the next worker's start (chaos seed
+    120364). Here the consumer's timer runs kombu's restore on the transport's interval.
+    """
+
+    label = "extras-redis-restore-guard"
+    requires = (Connection,)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        self.entry: Any = None
+
+    def start(self, c: Any) -> None:
+        connection = c.connection
+        if c.hub is not None or connection is None or connection.transport.driver_type != "redis":
+            return  # the event loop's timer does it
+        transport = connection.transport
+        self.entry = c.timer.call_repeatedly(
+            restore_interval(connection), _restore_unacked, (transport,)
+        )
+
+    def stop(self, c: Any) -> None:
+        if self.entry is not None:
+            self.entry.cancel()
+            self.entry = None
+
+    shutdown = stop
+
+
+def _restore_unacked(transport: Any) -> None:
+    try:
+        transport.cycle.maybe_restore_messages()
+    except Exception as exc:  # the broker is away: the next turn tries again
+        logger.debug("celery-extras: restoring unacked Redis messages failed: %r", exc)
 
 
 class PoolFlushGuard(bootsteps.StartStopStep):

@@ -69,3 +69,38 @@ def kill_mid_run(cluster: Cluster, journal: Journal, broker: Restartable) -> Non
     # worker's BRPOP popped as it died, before it had it: one per queue it consumed.
     assert sum(lost.values()) <= len(queues), f"more than one message per queue lost: {lost}"
     assert w2.alive()
+
+
+@pytest.mark.parametrize("pool", ["eventlet", "gevent"])
+def test_a_killed_workers_messages_come_back_to_a_green_pool_worker_seed_120364(
+    pool: str, ns: str, tmp_path: Path, journal: Journal
+) -> None:
+    """On the Redis broker, a SIGKILLed worker's unacked messages come back to a worker of
+    a green pool that was already running (chaos seed 120364: kombu restores them from a
+    timer of the event loop, which gevent and eventlet run without; before
+    ``RedisRestoreGuard`` they waited for the next worker's start)."""
+    with restartable_cluster("redis", ns, tmp_path) as (cluster, broker):
+        cluster.configure(
+            include=INCLUDE,
+            task_acks_late=True,
+            broker_transport_options={
+                "visibility_timeout": 3,
+                "unacked_restore_interval": 1,
+                "unacked_restore_throttle": 1,
+                "unacked_mutex_expire": MUTEX_EXPIRE,
+            },
+        )
+        w1 = cluster.worker("w1", pool=pool)
+        w2 = cluster.worker("w2", pool=pool)
+        ids = [cluster.app.send_task("tests.reliability.weighted", (i,)).id for i in range(300)]
+        wait_for(lambda: len(done_ids(journal)) >= 30, timeout=60, what="the run to be under way")
+        w1.kill()  # its prefetched and running messages stay unacked in Redis
+
+        def settled() -> Counter[str] | None:
+            done, lost = done_ids(journal), broker.lost_in_transit()
+            return done if set(ids) - done.keys() <= lost.keys() else None
+
+        done = wait_for(settled, timeout=60, interval=0.5,
+                        what="the killed worker's messages to run on the other")  # fmt: skip
+        assert len(set(ids) - done.keys()) <= 1  # at most the one kombu lost in its pop
+        assert w2.alive()

@@ -251,3 +251,16 @@ def test_request_embed_reads_the_body_s_embed_with_and_without_the_private_paylo
     assert compat.request_embed(without) == {"chord": {"task": "b"}}
     assert compat.request_embed(SimpleNamespace(message=None)) == {}
     app.close()
+
+
+def test_the_redis_restore_interval_is_kombus_setting_or_its_default() -> None:
+    from kombu import Connection
+    from kombu.transport.redis import Channel
+
+    assert compat.restore_interval(Connection("redis://")) == Channel.unacked_restore_interval
+    options = {"unacked_restore_interval": 2}
+    assert compat.restore_interval(Connection("redis://", transport_options=options)) == 2.0
+    options = {"unacked_restore_interval": 0}  # kombu's timer falls back to its default too
+    assert compat.restore_interval(Connection("redis://", transport_options=options)) == (
+        Channel.unacked_restore_interval
+    )
