@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -64,6 +65,8 @@ logger = logging.getLogger(__name__)
 STORE_ERRORS = (redis.RedisError, StoreUnavailable, OSError)
 #: Seconds after a park no replica acknowledged during which parks fail at once (held).
 REPLICA_RETRY = 5.0
+#: Seconds between the parks of :meth:`Parker.settle`.
+SETTLE_EVERY = 0.5
 
 
 class Park(enum.Enum):
@@ -307,3 +310,22 @@ class Parker:
             due = max(0.0, delay - (monotonic() - start))
             task_parked.send(sender=entry.task, request=request, due=due)
         return Park.PARKED
+
+    def settle(
+        self, eid: str, entry: Entry, delay: float, patience: float,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Park:  # fmt: skip
+        """Park a park in doubt again, every :data:`SETTLE_EVERY` s for up to *patience* s,
+        until the store answers: :attr:`Park.PARKED` (it holds the entry, from now or from
+        before), else :attr:`Park.IN_DOUBT`. For a caller with no loop to come back to it (a
+        retry, in the pool process that ran the task); the outage's back-off is not waited."""
+        deadline = self.clock() + patience
+        while self.clock() < deadline:
+            sleep(SETTLE_EVERY)
+            try:
+                self.store.park(eid, entry, delay)
+            except (ParkNotReplicated, *STORE_ERRORS):
+                continue
+            self.store_answered()
+            return Park.PARKED
+        return Park.IN_DOUBT

@@ -4,7 +4,10 @@ The retry message is built by Celery as usual (same id, ``retries + 1``, its ETA
 links, headers); :class:`ParkingProducer` receives the ``publish`` call, turns it
 into an :class:`~.entry.Entry` and parks it until its ETA. When the store cannot
 take it, the retry is published as Celery would (with its ETA), so it is never
-lost. Runs in the pool process that ran the task.
+lost. A park whose reply was lost (in doubt: the store may hold it) is parked again until
+the store answers, for up to :data:`SETTLE_PATIENCE` s, before the retry is published
+instead: published beside a stored copy, the retry would run twice. Runs in the pool
+process that ran the task.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from typing import Any
 from kombu.serialization import dumps
 
 from ..clock import monotonic
-from ..delay.parking import Parker
+from ..delay.parking import Park, Parker
 
-__all__ = ["ParkingProducer"]
+__all__ = ["SETTLE_PATIENCE", "ParkingProducer"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a retry whose park is in doubt waits for the store to answer a park again.
+SETTLE_PATIENCE = 10.0
 
 
 class ParkingProducer:
@@ -52,7 +58,16 @@ class ParkingProducer:
             routing_key=str(kwargs.get("routing_key") or ""),
         )
         delay = max(0.0, self._delay - (monotonic() - self._start))
-        if self._parker.park(eid, entry, delay):
+        parked = self._parker.park(eid, entry, delay)
+        if parked is Park.IN_DOUBT:
+            parked = self._parker.settle(eid, entry, delay, SETTLE_PATIENCE)
+            if parked is Park.IN_DOUBT:
+                logger.warning(
+                    "celery-extras: the store never answered whether it parked the retry of "
+                    "%s[%s] within %.0f s: it is published too, and may run twice",
+                    self._task, entry.task_id, SETTLE_PATIENCE,
+                )  # fmt: skip
+        if parked:
             self.parked = True
             return None
         return self._producer.publish(body, **kwargs)  # the store is away: Celery's ETA
