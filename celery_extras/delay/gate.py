@@ -77,6 +77,9 @@ class ArrivalGate:
         #: other limits whose token it holds
         self.slots: dict[str, ReleasedSlot] = {}
         self.holds = TimerHolds()  # messages held while the store is away
+        #: the messages (``id()``, as their holds) of ETA parks in doubt, held until a park
+        #: settles them whatever their ETA has become
+        self._in_doubt: set[int] = set()
         self.counts = {"taken": 0, "duplicates": 0, "purged": 0, "unverified": 0,
                        "eta_parked": 0}  # fmt: skip
         self._warned_unverified = 0.0
@@ -190,13 +193,18 @@ class ArrivalGate:
 
     def _park_eta(self, consumer: Any, name: str, message: Any, ack: Any) -> bool:
         delay = _seconds_until(message.headers.get("eta"), self.wall())
-        if delay is None or delay <= self.eta_threshold:
+        doubted = self._in_doubt and id(message) in self._in_doubt
+        if not doubted and (delay is None or delay <= self.eta_threshold):
             return False
         eid, entry = self.parker.entry_of_message(message, name, "eta")
-        parked = self.parker.park(eid, entry, delay)
-        if parked is Park.IN_DOUBT:  # the store may hold it: not run here, parked again later
+        parked = self.parker.park(eid, entry, max(delay or 0.0, 0.0))
+        if parked is Park.IN_DOUBT or (doubted and not parked):
+            # the store may hold it: never run here (its ETA may have come meanwhile: chaos
+            # seed 260130 ran both copies), but parked again until the store answers
+            self._in_doubt.add(id(message))
             self._wait_for_store(consumer, name, message, ack)
             return True
+        self._in_doubt.discard(id(message))
         if not parked:
             return False  # the store is away: Celery keeps it in the timer, unacked
         self.counts["eta_parked"] += 1
@@ -223,6 +231,7 @@ class ArrivalGate:
 
     def stop(self) -> None:
         self.holds.drop_all()
+        self._in_doubt.clear()
 
     def info(self) -> dict[str, Any]:
         return {**self.counts, **self.parker.counts, "held_for_store": len(self.holds),

@@ -4,6 +4,7 @@ strategy, called the way Celery's consumer calls it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest.mock import Mock
 
@@ -12,6 +13,7 @@ from kombu.message import Message
 from kombu.serialization import dumps
 
 from celery_extras.delay.gate import ArrivalGate
+from celery_extras.delay.parking import Park
 
 
 def test_a_message_held_while_the_store_was_away_reaches_celerys_strategy_again() -> None:
@@ -54,3 +56,51 @@ def test_a_message_held_while_the_store_was_away_reaches_celerys_strategy_again(
     assert len(gate.holds) == 0  # nothing left held
     qos = consumer.qos  # the prefetch window widened while held, narrowed once released
     assert qos.increment_eventually.call_count == qos.decrement_eventually.call_count == 1
+
+
+def test_an_eta_park_in_doubt_is_parked_again_even_once_its_eta_is_near_seed_260130() -> None:
+    """Chaos seed 260130: an ETA task's park timed out (the store had stored it); held and
+    delivered again 1 s later, its ETA was then within the threshold, so the worker ran its
+    copy and the store's copy ran too. A message once in doubt is settled by a park only."""
+    app = Celery("t", set_as_current=False)
+
+    @app.task(name="t.add", shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    app.finalize()
+    consumer = Mock(hostname="w@x", disable_rate_limits=True, task_buckets={})
+    consumer.controller.state.revoked = set()
+    timers: list[Callable[[], None]] = []
+
+    def call_after(seconds: float, fun: Any, args: tuple[Any, ...] = (), priority: int = 0) -> Any:
+        timers.append(lambda: fun(*args))
+        return Mock()
+
+    consumer.timer.call_after = call_after
+    now = [datetime(2026, 11, 29, 8, 26, 15, tzinfo=UTC)]
+    parker = Mock()
+    parker.entry_of_message.return_value = ("eid-1", Mock())
+    parker.park.side_effect = [Park.IN_DOUBT, Park.KEPT, Park.PARKED]
+    gate = ArrivalGate(app, parker, eta_store=True, eta_threshold=1.0, store_retry=1.0,
+                       wall=lambda: now[0])  # fmt: skip
+    consumer.strategies = {"t.add": gate.wrap(consumer, "t.add", add.start_strategy(app, consumer))}
+    eta = (now[0] + timedelta(seconds=1.5)).isoformat()
+    content_type, encoding, body = dumps(([2, 3], {}, {}), serializer="json")
+    message = Message(
+        body=body, content_type=content_type, content_encoding=encoding, channel=Mock(),
+        headers={"id": "eta-1", "task": "t.add", "lang": "py", "root_id": "eta-1",
+                 "parent_id": None, "group": None, "retries": 0, "eta": eta,
+                 "expires": None, "timelimit": [None, None], "argsrepr": "", "kwargsrepr": "",
+                 "origin": "test"},
+    )  # fmt: skip
+    ack = Mock()
+
+    consumer.strategies["t.add"](message, None, ack, Mock(), [])
+    assert parker.park.call_count == 1 and len(timers) == 1 and not ack.called
+    for turn in (1, 2):  # 1 s later the ETA is 0.5 s away, then past: still parked, not run
+        now[0] += timedelta(seconds=1)
+        timers[turn - 1]()
+    assert parker.park.call_count == 3  # in doubt, then kept (the store away), then parked
+    assert consumer.on_task_request.call_count == 0  # never run here: the store's copy runs
+    assert ack.call_count == 1 and len(gate.holds) == 0 and not gate._in_doubt
