@@ -21,7 +21,7 @@ pytestmark = pytest.mark.scenario
 SEEDS = [
     (105, "redis", "prefork", ("kill", "store_pause")),
     (202, "redis", "threads", ("store_stall", "broker_restart")),
-    (303, "rabbitmq", "gevent", ("kill", "join")),
+    (303, "rabbitmq", "gevent", ("broker_restart", "join")),
     (401, "rabbitmq", "eventlet", ("store_restart", "term")),
 ]
 
