@@ -13,6 +13,8 @@ import gc
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -39,6 +41,8 @@ CONCURRENCY = {"prefork": 2, "threads": 4, "gevent": 4, "eventlet": 4}
 #: Seconds the run may take to drain after its last send and fault, and the longest it
 #: waits with no new result (beyond the broker's visibility timeout, 30 s)
 DRAIN, STALL = 150.0, 40.0
+#: A live worker that answered none of this many last pings gets its stacks dumped
+SILENT_PINGS = 5
 
 
 class Run:
@@ -203,6 +207,23 @@ class Run:
             answered = {name for reply in replies for name in reply}
             self.pings += [(t, name, name in answered) for name in names]
 
+    def dump_silent(self) -> None:
+        """The threads' stacks (``py-spy dump``) of every live worker that answered none of
+        its last :data:`SILENT_PINGS` pings, into ``<worker>.stack``: a frozen worker's
+        post-mortem (a threads worker stopped after a RabbitMQ and a store restart once,
+        seed 578629, and its replay did not stop)."""
+        spy = Path(sys.executable).with_name("py-spy")
+        for worker in self.workers:
+            last = [ok for _, name, ok in self.pings if name == worker.hostname][-SILENT_PINGS:]
+            if len(last) < SILENT_PINGS or any(last) or not worker.alive() or not spy.exists():
+                continue
+            dump = subprocess.run([str(spy), "dump", "--pid", str(worker.pid)],
+                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+            path = self.workdir / f"{worker.name}.stack"
+            path.write_text(dump.stdout + dump.stderr)
+            self.say(f"  {worker.hostname} answered none of its last {SILENT_PINGS} pings: "
+                     f"its threads' stacks are in {path}")  # fmt: skip
+
     # -- the history -----------------------------------------------------------------------
 
     def results(self) -> dict[str, tuple[str, Any]]:
@@ -259,6 +280,7 @@ def run(workload: Workload, broker: str, workdir: Path,
                 thread.start()
             for thread in threads[:-1]:
                 thread.join()
+            one.dump_silent()
             results = one.drain()
             one._stop.set()
             threads[-1].join(5)
@@ -276,7 +298,7 @@ def run(workload: Workload, broker: str, workdir: Path,
         say(f"  producer or fault error: {error}")
     kept = {"sent": one.sent, "unsent": sorted(one.unsent), "entries": entries,
             "results": results, "windows": [vars(w) for w in one.windows],
-            "in_transit": sorted(in_transit)}  # fmt: skip
+            "in_transit": sorted(in_transit), "pings": one.pings}  # fmt: skip
     (workdir / "history.json").write_text(json.dumps(kept, default=repr))  # for a post-mortem
     return History(workload, dict(one.sent), entries, results, one.windows, one.pings,
                    rates=RATES, caps=CAPS, broker=broker, in_transit=in_transit,
