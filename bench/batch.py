@@ -25,7 +25,7 @@ from tests.support.workers import WorkerProcess, wait_for
 
 from .table import Row
 
-__all__ = ["measure"]
+__all__ = ["all_stored", "clean_up", "measure"]
 
 INCLUDE = ("bench.batch",)
 BACKLOG = 5000
@@ -41,6 +41,22 @@ def noop(x: Any = None) -> Any:
 @shared_task(name="bench.batch.batched")
 def batched(calls: list[Call]) -> list[Any]:
     return [call.args[0] for call in calls]
+
+
+def all_stored(results: redis.Redis, keys: list[str]) -> bool:
+    """Whether the result backend holds every one of result *keys*."""
+    return sum(results.exists(*keys[i : i + 1000])
+               for i in range(0, len(keys), 1000)) == len(keys)  # fmt: skip
+
+
+def clean_up(client: redis.Redis, results: redis.Redis, ns: str, keys: list[str]) -> None:
+    """Delete namespace *ns*'s broker keys and the result *keys*; close both clients."""
+    for key in client.scan_iter(f"*{ns}*", count=1000):
+        client.delete(key)
+    for i in range(0, len(keys), 1000):
+        results.delete(*keys[i : i + 1000])
+    client.close()
+    results.close()
 
 
 def _drain(task: str, plain: bool, backlog: int) -> float:
@@ -59,22 +75,13 @@ def _drain(task: str, plain: bool, backlog: int) -> float:
             worker.start(wait=False)
             worker.wait_ready()
             started = time.monotonic()
-
-            def stored() -> bool:
-                return sum(results.exists(*keys[i : i + 1000])
-                           for i in range(0, len(keys), 1000)) == len(keys)  # fmt: skip
-
-            wait_for(stored, timeout=600, interval=0.05, what=f"{backlog} results of {task}")
+            wait_for(lambda: all_stored(results, keys), timeout=600, interval=0.05,
+                     what=f"{backlog} results of {task}")  # fmt: skip
             return backlog / (time.monotonic() - started)
         finally:
             worker.stop()
             app.close()
-            for key in client.scan_iter(f"*{ns}*", count=1000):
-                client.delete(key)
-            for i in range(0, len(keys), 1000):
-                results.delete(*keys[i : i + 1000])
-            client.close()
-            results.close()
+            clean_up(client, results, ns, keys)
 
 
 def measure(backlog: int = BACKLOG) -> list[Row]:

@@ -4,11 +4,12 @@ The last gate of a task with ``batch()``: each call that passed the task's other
 (limits, slots, coalescing) waits here, unacked, in its bucket's open batch
 (:class:`~.table.BatchTable`; the prefetch window widened by one per call, so a batch
 fills to its size whatever ``worker_prefetch_multiplier`` is). A batch that is full, or
-whose ``wait`` has passed, runs in the pool as one job (:func:`~.runner.run_batch`). When
-it returns, every call ends as if it had run with its own part of the outcome
-(:func:`~celery_extras.admission.covered.end_covered`: its result, callbacks, chain and
-chord part; the batch's exception for each; a retry of each, as its own message), and only
-then is its message acked: a worker killed mid-batch loses none of them. The calls end a
+whose ``wait`` has passed, runs in the pool as one job (:func:`~.runner.run_batch`; its
+calls made a slice at a time). When it returns, every call ends as if it had run with its
+own part of the outcome (:func:`~celery_extras.admission.covered.end_covered`: its result,
+callbacks, chain and chord part; the batch's exception for each, or the call's own item: an
+exception, a :meth:`~celery_extras.Call.retry`; a retry of each, as its own message), and
+only then is its message acked: a worker killed mid-batch loses none of them. The calls end a
 slice at a time, between turns of the worker's loop (:data:`SLICE`), so a huge batch
 never freezes the worker.
 """
@@ -19,25 +20,22 @@ import functools
 import logging
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from billiard.exceptions import WorkerLostError
-from celery import Celery, signals, states
-from celery.app.task import Context
-from celery.exceptions import MaxRetriesExceededError
-from kombu.exceptions import EncodeError
+from celery import Celery, states
 
 from .. import compat
-from ..admission.covered import CoveredMessage, Outcome, context_of, end_covered
+from ..admission.covered import Outcome
 from ..admission.gate import QUEUED, Answer, Gate, Ticket
 from ..admission.serial import serial
 from ..admission.spec import call_key
 from ..clock import monotonic
-from ..signals import task_batched, task_covered_ended
+from ..signals import task_batched
+from .endings import CallEndings, retries_of
 from .runner import BatchEnding, read_ending, run_batch
 from .spec import BatchSpec
 from .table import Batch, BatchTable
@@ -56,32 +54,38 @@ SLICE_SECONDS = 0.05
 NEXT_SLICE = 0.001
 
 
-def _retries(request: Any) -> int:
-    retries = (getattr(request, "request_dict", None) or {}).get("retries")
-    return retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
+#: Fields of a worker request's ``request_dict`` that are no header of its message: the
+#: worker's additions, and under protocol 1 the body's arguments and canvas.
+_NOT_HEADERS = frozenset({
+    "args", "kwargs", "properties", "delivery_info", "hostname", "reply_to",
+    "correlation_id", "callbacks", "errbacks", "chord", "chain", "headers", "utc", "taskset",
+})  # fmt: skip
 
 
-def _end_encoded(app: Celery, name: str, message: CoveredMessage,
-                 outcome: Outcome) -> tuple[str, Outcome]:  # fmt: skip
-    """End *message* with *outcome* (:func:`end_covered`); as Celery's tracer does, with
-    ``EncodeError`` instead when its result cannot be encoded. Its state and outcome."""
-    try:
-        return end_covered(app, name, message, outcome), outcome
-    except EncodeError as exc:
-        if outcome.state != states.SUCCESS:
-            raise
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        failed = Outcome(states.FAILURE, exc, text, outcome.by)
-        return end_covered(app, name, message, failed), failed
+def _text(value: Any) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else value
 
 
 def _call(request: Any) -> dict[str, Any]:
-    headers = getattr(getattr(request, "message", None), "headers", None) or {}
-    return {"id": request.id, "args": list(request.args or ()),
-            "kwargs": dict(request.kwargs or {}), "headers": dict(headers)}  # fmt: skip
+    """The fields of the :class:`~celery_extras.Call` of worker request *request*: its
+    headers read from its ``request_dict`` (the message's headers under protocol 2, its body
+    under protocol 1, where the message's own headers are a field of it)."""
+    fields = getattr(request, "request_dict", None) or {}
+    headers = {k: v for k, v in fields.items() if k not in _NOT_HEADERS}
+    if isinstance(fields.get("headers"), Mapping):  # protocol 1
+        headers.update(fields["headers"])
+    return {
+        "id": request.id, "args": list(request.args or ()), "kwargs": dict(request.kwargs or {}),
+        "headers": headers, "name": request.name,
+        "delivery_info": dict(request.delivery_info or {}), "hostname": request.hostname,
+        "reply_to": fields.get("reply_to"), "correlation_id": fields.get("correlation_id"),
+        "retries": retries_of(request), "eta": _text(fields.get("eta")),
+        "expires": _text(fields.get("expires")),
+        "ignore_result": bool(getattr(request, "ignore_result", False)),
+    }  # fmt: skip
 
 
-class BatchGate(Gate):
+class BatchGate(CallEndings, Gate):
     """The open and running batches of one worker's consumer."""
 
     label = "batch"
@@ -154,7 +158,7 @@ class BatchGate(Gate):
         request = {
             "id": batch_id,
             "task": name,
-            "retries": max(_retries(t.request) for t in tickets),
+            "retries": max(retries_of(t.request) for t in tickets),
             "hostname": getattr(first, "hostname", None),
             "delivery_info": dict(first.delivery_info or {}),
         }
@@ -162,7 +166,21 @@ class BatchGate(Gate):
         self.counts["batches"] += 1
         self.counts["calls"] += len(tickets)
         task_batched.send(sender=name, size=len(tickets), batch_id=batch_id)
-        calls = [_call(t.request) for t in tickets]
+        self._pack(task, batch_id, request, [])
+
+    def _pack(self, task: Any, batch_id: str, request: Any, calls: list[Any]) -> None:
+        """Make the next calls of batch *batch_id* (:func:`_call`; *calls* made so far), at
+        most :data:`SLICE` of them or :data:`SLICE_SECONDS` of the loop's time, the rest
+        after the loop's next turn, as its calls end; then hand it to the pool."""
+        tickets = self.running.get(batch_id, [])
+        started = time.perf_counter()
+        end = min(len(tickets), len(calls) + SLICE)
+        while len(calls) < end and (time.perf_counter() - started < SLICE_SECONDS):
+            calls.append(_call(tickets[len(calls)].request))
+        if len(calls) < len(tickets):
+            serial(self._consumer).call_after(NEXT_SLICE, self._pack,
+                                              (task, batch_id, request, calls))  # fmt: skip
+            return
         # once the pipeline's lock is let go: a green pool's spawn waits for a free slot
         serial(self._consumer).after(self._apply, task, batch_id, calls, request)
 
@@ -240,87 +258,6 @@ class BatchGate(Gate):
             return
         self.running.pop(batch_id, None)
         self._ending.discard(batch_id)
-
-    def _end_call(self, ticket: Ticket, index: int, ending: BatchEnding, batch_id: str) -> None:
-        """End call *index* of batch *batch_id* with its part of *ending* (then ack it)."""
-        kind = ending[0]
-        try:
-            if kind == "success":
-                self._ended(ticket, Outcome(states.SUCCESS, ending[1][index], None, batch_id))
-            elif kind == "retry":
-                self._retry(ticket, ending[1], ending[2], ending[3], batch_id)
-            elif (
-                kind == "lost"
-                and ticket.request.task.acks_late
-                and (ticket.request.task.reject_on_worker_lost)
-            ):
-                self._give_back(ticket)
-            else:
-                text = ending[2] if len(ending) > 2 else None
-                self._ended(ticket, Outcome(states.FAILURE, ending[1], text, batch_id))
-        except Exception:  # a result backend that fails: the message still goes
-            logger.exception("celery-extras: ending call %s of batch %s failed",
-                             ticket.request.id, batch_id)  # fmt: skip
-            self._release(ticket)
-
-    def _ended(self, ticket: Ticket, outcome: Outcome) -> None:
-        """End one call with *outcome* (the canvas rule), then ack its message."""
-        request = ticket.request
-        try:
-            message = CoveredMessage(request.id, context_of(request))
-            state, outcome = _end_encoded(self.app, ticket.name, message, outcome)
-            task_covered_ended.send(sender=ticket.name, task_id=request.id, state=state,
-                                    by=outcome.by)  # fmt: skip
-            if state == states.SUCCESS:
-                self.counts["succeeded"] += 1
-                request.send_event("task-succeeded", result=repr(outcome.result), runtime=0.0)
-            elif state == states.FAILURE:
-                self.counts["failed"] += 1
-                request.send_event("task-failed", exception=repr(outcome.result),
-                                   traceback=outcome.traceback or "")  # fmt: skip
-        finally:
-            self._release(ticket, outcome=outcome.result)
-
-    def _retry(self, ticket: Ticket, when: Any, exc: BaseException | None,
-               max_retries: int | None, batch_id: str) -> None:  # fmt: skip
-        """Retry one call of a batch that retried, as its own message (Celery's
-        ``Task.retry`` for it: the same id, one more retry, its callbacks and chord kept)."""
-        request = ticket.request
-        task = request.task
-        retries = _retries(request)
-        limit = task.max_retries if max_retries is None else max_retries
-        if limit is not None and retries >= limit:
-            error = exc or MaxRetriesExceededError(
-                f"Can't retry {task.name}[{request.id}] args:{request.args} kwargs:{request.kwargs}"
-            )
-            self._ended(ticket, Outcome(states.FAILURE, error, None, batch_id))
-            return
-        context = Context(
-            {**context_of(request), "delivery_info": dict(request.delivery_info or {})}
-        )
-        timing = {"eta": when} if isinstance(when, datetime) else {"countdown": when}
-        task.signature_from_request(context, request.args, request.kwargs,
-                                    retries=retries + 1, **timing).apply_async()  # fmt: skip
-        task.backend.mark_as_retry(request.id, exc, request=context)
-        signals.task_retry.send(sender=task, request=context, reason=exc, einfo=None)
-        request.send_event("task-retried", exception=repr(exc), traceback="")
-        self.counts["retried"] += 1
-        seconds = when if isinstance(when, int | float) else None
-        self._release(ticket, retry_in=float(seconds or 0.0))
-
-    def _give_back(self, ticket: Ticket) -> None:
-        self.counts["requeued"] += 1
-        compat.forget_held(ticket.request)
-        ticket.request.reject(requeue=True)
-        compat.narrow_prefetch(ticket.consumer)
-        self._pipeline.ended(ticket)
-
-    def _release(self, ticket: Ticket, retry_in: float | None = None, outcome: Any = None) -> None:
-        """Ack the call's message (once), narrow the window, tell the gates before this one."""
-        compat.forget_held(ticket.request)
-        ticket.request.acknowledge()
-        compat.narrow_prefetch(ticket.consumer)
-        self._pipeline.ended(ticket, retry_in, outcome)
 
     def info(self) -> dict[str, Any]:
         tasks = {name: {**spec.describe(), "waiting": 0, "running": 0}

@@ -6,7 +6,8 @@ worker's main process ends every call with (:class:`BatchEnding`). A task's ``se
 (or its ``retry_policy``) inside a batch raises :class:`BatchRetry` instead of publishing a
 retry of the batch: the main process retries every call, each as its own message. A batch
 sends ``task_prerun`` and ``task_postrun`` once, and is the current task while it runs;
-``apply()`` and eager calls run a batched task as a batch of one (:func:`install_batch`).
+``apply()`` and eager calls run a batched task as a batch of one, an eager group of its
+calls as one batch (:func:`install_batch`, :mod:`.eager`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 from celery import Task, current_app, signals, states
 from celery.exceptions import Retry
 
-from .call import Call
+from . import eager as eager_group
+from .call import Call, CallRetry
 
 __all__ = [
     "BatchEnding",
@@ -36,10 +38,12 @@ __all__ = [
 
 _local = threading.local()
 
-#: How a batch ended: ``("success", [result per call])``, ``("failure", exception,
-#: traceback text)`` or ``("retry", countdown or eta, exception or None, max_retries)``;
-#: exceptions as the result backend stores them (:func:`exception_of` reads them back), so
-#: any exception crosses from the pool process.
+#: How a batch ended: ``("success", [result per call], {index: ending of that call})``,
+#: ``("failure", exception, traceback text)`` or ``("retry", countdown or eta, exception or
+#: None, max_retries)``; a call whose item is an exception or a :meth:`Call.retry` has its
+#: own ending (a failure or a retry) in the third part of a success. Exceptions as the result
+#: backend stores them (:func:`exception_of` reads them back), so any exception crosses from
+#: the pool process.
 BatchEnding = tuple[Any, ...]
 
 
@@ -67,6 +71,7 @@ def install_batch(task: Task) -> None:
     (``typing``): a call's arguments are not the function's (``def add(calls)``), so
     ``add.delay(1, 2)``, a chain's or a chord's callback would fail it (idempotent)."""
     task.typing = False
+    eager_group.install_group_apply()
     if task.__dict__.get("_extras_batch_retry"):
         return
     original = task.retry
@@ -94,12 +99,30 @@ def _batch_run(task: Task, run: Callable[..., Any]) -> Callable[..., Any]:
         if in_batch() and fields is not None and fields.get("task") == task.name:
             _local.request = None  # Task.__call__ pushed a bare request: the batch's now
             request.update(fields)
-            return run(*args, **kwargs)
+            return _signalled(task, run, args, kwargs)
         if in_batch() or not getattr(request, "is_eager", False):
             return run(*args, **kwargs)
-        return _results(task.name, run([eager_call(request, args, kwargs)]), 1)[0]
+        item = _eager_item(task, run, eager_call(request, args, kwargs))
+        if isinstance(item, BaseException):  # this call's own failure
+            raise item
+        if isinstance(item, CallRetry):  # retried eagerly, as self.retry() is
+            raise task.retry(exc=item.exc, countdown=item.countdown, eta=item.eta,
+                             max_retries=item.max_retries)  # fmt: skip
+        return item
 
     return batch_run
+
+
+def _eager_item(task: Task, run: Callable[..., Any], own: Call) -> Any:
+    """The item of eager call *own*: run as a batch of one, or of its eager group's calls
+    (:mod:`.eager`), or kept for it by its group's batch."""
+    found, item = eager_group.take(own.id)
+    if found:
+        return item
+    calls = eager_group.batch_of(own)
+    results = _results(task.name, run(calls), len(calls))
+    eager_group.keep(calls, results, own.id)
+    return results[[c.id for c in calls].index(own.id)]
 
 
 def eager_call(request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
@@ -108,7 +131,12 @@ def eager_call(request: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> 
     headers = {name: getattr(request, name, None)
                for name in ("id", "task", "retries", "root_id", "parent_id", "group")}  # fmt: skip
     headers.update(getattr(request, "headers", None) or {})
-    return Call(request.id, tuple(args), dict(kwargs), headers)
+    return Call(request.id, tuple(args), dict(kwargs), headers, name=request.task,
+                delivery_info=dict(getattr(request, "delivery_info", None) or {}),
+                hostname=request.hostname, reply_to=request.reply_to,
+                correlation_id=request.correlation_id, retries=request.retries or 0,
+                eta=request.eta, expires=request.expires,
+                ignore_result=bool(request.ignore_result))  # fmt: skip
 
 
 def _results(name: str, returned: Any, count: int) -> list[Any]:
@@ -123,6 +151,22 @@ def _results(name: str, returned: Any, count: int) -> list[Any]:
             "of one result per call, in their order, or None"
         )
     return list(returned)
+
+
+def _own_endings(task: Task, results: list[Any]) -> dict[int, BatchEnding]:
+    """The calls of *results* that end otherwise than with their item, by index (their item
+    now ``None``): an exception instance fails its call, a :class:`CallRetry` retries it."""
+    own: dict[int, BatchEnding] = {}
+    for index, item in enumerate(results):
+        if isinstance(item, BaseException):
+            own[index] = _failure(item, task)
+        elif isinstance(item, CallRetry):
+            reason = None if item.exc is None else _stored(task, item.exc)
+            own[index] = ("retry", item.when, reason, item.max_retries)
+        else:
+            continue
+        results[index] = None
+    return own
 
 
 def _stored(task: Task | None, exc: BaseException) -> Any:
@@ -146,6 +190,8 @@ def read_ending(app: Any, ending: Any) -> BatchEnding:
     if kind == "retry" and len(ending) == 4:
         reason = None if ending[2] is None else exception_of(app, ending[2])
         return ("retry", ending[1], reason, ending[3])
+    if kind == "success" and len(ending) == 3 and isinstance(ending[2], dict):
+        return ("success", ending[1], {i: read_ending(app, e) for i, e in ending[2].items()})
     if kind in ("success", "lost", "error"):
         return tuple(ending)
     return ("error", RuntimeError(f"unreadable batch ending {ending!r:.200}"), None)
@@ -157,47 +203,56 @@ def _failure(exc: BaseException, task: Task | None = None) -> BatchEnding:
 
 
 def run_batch(name: str, calls: Sequence[Mapping[str, Any]], request: Mapping[str, Any]) -> Any:
-    """Call task *name* once with *calls* (each ``{"id", "args", "kwargs", "headers"}``), on
+    """Call task *name* once with *calls* (each the fields of a :class:`Call`), on
     *request* (its ``self.request``), ``task_prerun`` before and ``task_postrun`` after it
     (the batch's id as ``task_id``, the calls as its one argument), and as the current task;
     how it ended (:data:`BatchEnding`)."""
     try:
         task = current_app.tasks[name]
-        batch = [Call(c["id"], tuple(c["args"]), dict(c["kwargs"]), dict(c["headers"]))
-                 for c in calls]  # fmt: skip
+        batch = [Call(**{**c, "args": tuple(c["args"])}) for c in calls]
     except Exception as exc:  # the task is not known here, or the calls are not readable
         return _failure(exc)
     fields = {**request, "task": name, "args": [batch], "kwargs": {}, "called_directly": False,
               "is_eager": False}  # fmt: skip
-    _local.batch = True
-    state, retval = states.FAILURE, None
+    _local.batch, _local.request = True, fields
     ending: BatchEnding
     try:
-        _send(signals.task_prerun, task, fields)
-        _local.request = fields
         # Task.__call__ on an empty request stack (its full path, in a worker too): the
-        # current task, and a request the installed run fills with the batch's fields
-        retval = task(batch)
-        state, ending = states.SUCCESS, ("success", _results(name, retval, len(batch)))
+        # current task, and a request the installed run fills with the batch's fields, and
+        # runs between task_prerun and task_postrun (:func:`_signalled`)
+        results = _results(name, task(batch), len(batch))
+        ending = ("success", results, _own_endings(task, results))
     except Retry as retry:  # self.retry() (BatchRetry), or a Retry raised by hand
         reason = retry.exc if isinstance(retry.exc, BaseException) else None
         limit = retry.max_retries if isinstance(retry, BatchRetry) else None
-        state, retval = states.RETRY, retry
         ending = ("retry", retry.when, reason and _stored(task, reason), limit)
     except Exception as exc:
-        state, retval, ending = states.FAILURE, exc, _failure(exc, task)
+        ending = _failure(exc, task)
     finally:
         _local.batch, _local.request = False, None
-        _send(signals.task_postrun, task, fields, retval=retval, state=state)
     return ending
 
 
-def _send(signal: Any, task: Task, fields: Mapping[str, Any], **extra: Any) -> None:
-    """Send *signal* for the batch on *fields* (its request, ``task.request`` meanwhile),
-    as Celery's tracer sends ``task_prerun``/``task_postrun``."""
-    task.push_request(**fields)
+def _signalled(task: Task, run: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """*run* the batch on the task's request (the batch's now), ``task_prerun`` before and
+    ``task_postrun`` after it, as Celery's tracer sends them: inside ``Task.__call__``, so
+    the task is ``current_task`` for their receivers too; its results checked
+    (:func:`_results`) for ``task_postrun``'s state."""
+    request = task.request
+    common = {"sender": task, "task_id": request.id, "task": task, "args": request.args,
+              "kwargs": {}}  # fmt: skip
+    signals.task_prerun.send(**common)
+    state, retval = states.FAILURE, None
     try:
-        signal.send(sender=task, task_id=fields.get("id"), task=task, args=fields["args"],
-                    kwargs={}, **extra)  # fmt: skip
+        retval = run(*args, **kwargs)
+        retval = _results(task.name, retval, len(request.args[0]))
+        state = states.SUCCESS
+        return retval
+    except Retry as retry:
+        state, retval = states.RETRY, retry
+        raise
+    except Exception as exc:
+        retval = exc
+        raise
     finally:
-        task.pop_request()
+        signals.task_postrun.send(**common, retval=retval, state=state)

@@ -18,9 +18,9 @@ from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
 INCLUDE = ("tests.support.tasks_batch",)
-DOUBLED, SLOW, FAILING, RETRYING, ODD, UNPICKLABLE, HUGE = (
+DOUBLED, SLOW, FAILING, RETRYING, ODD, UNPICKLABLE, HUGE, MIXED = (
     f"tests.batch.{n}"
-    for n in ("doubled", "slow", "failing", "retrying", "odd", "unpicklable", "huge")
+    for n in ("doubled", "slow", "failing", "retrying", "odd", "unpicklable", "huge", "mixed")
 )
 
 
@@ -191,3 +191,31 @@ def test_a_batch_of_two_thousand_calls_never_keeps_the_worker_from_answering_pin
     assert [r.get(timeout=30) for r in results] == list(range(2000))
     (one,) = batches(journal, HUGE)
     assert one["n"] == 2000
+
+
+def test_per_call_outcomes_fail_one_call_and_retry_another_alone(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal
+) -> None:
+    """Issue 51: a batch of 5 returning ``[1, ValueError(), 3, Call.retry(...), 5]`` gives
+    3 successes, 1 failure and 1 call retried alone (its own message, one more retry), which
+    then succeeds in a batch of its own; on both brokers."""
+    cluster.configure(include=INCLUDE)
+    worker = cluster.worker("w1", concurrency=2)
+    results = [send(MIXED, tag) for tag in (1, "bad", 3, "again", 5)]
+    outcomes = [(r.get(timeout=60, propagate=False), r.state) for r in results]
+    assert [o for i, o in enumerate(outcomes) if i != 1] == [
+        (1, "SUCCESS"), (3, "SUCCESS"), ("again", "SUCCESS"), (5, "SUCCESS")
+    ]  # fmt: skip
+    assert outcomes[1][1] == "FAILURE"
+    assert repr(outcomes[1][0]) == "ValueError('bad document in a batch of 5')"
+    runs = batches(journal, MIXED)
+    assert [(e["n"], e["tags"], e["retries"]) for e in runs] == [
+        (5, [1, "bad", 3, "again", 5], [0] * 5), (1, ["again"], [1])
+    ]  # fmt: skip
+    assert runs[1]["ids"] == [results[3].id]  # the same call, as its own message
+    stats = cluster.app.control.inspect(destination=[worker.hostname], timeout=10).stats()
+    batched = stats[worker.hostname]["extras_policies"]["batch"]
+    print(f"batch counts: {batched}")
+    assert {k: batched[k] for k in ("batches", "calls", "succeeded", "failed", "retried")} == {
+        "batches": 2, "calls": 6, "succeeded": 4, "failed": 1, "retried": 1
+    }  # fmt: skip

@@ -19,6 +19,7 @@ __all__ = [
     "failing",
     "huge",
     "limited",
+    "mixed",
     "odd",
     "retrying",
     "slow",
@@ -122,3 +123,18 @@ def huge(self: Task, calls: list[Call]) -> list[Any]:
     """Journals when its batch ran and returns each call's tag."""
     _note(self, calls, start=time.time())
     return [c.args[0] for c in calls]
+
+
+@batch(size=5, wait=1.0)
+@shared_task(bind=True, name="tests.batch.mixed", max_retries=2)
+def mixed(self: Task, calls: list[Call]) -> list[Any]:
+    """Per-call outcomes (issue 51): the call tagged ``"bad"`` fails alone with
+    ``ValueError``, the one tagged ``"again"`` is retried alone once (0.5 s later), every
+    other call gets its tag; journals its calls' tags and retries."""
+    _note(self, calls, retries=[c.retries for c in calls])
+    return [
+        ValueError(f"bad document in a batch of {len(calls)}") if c.args[0] == "bad"
+        else Call.retry(countdown=0.5) if c.args[0] == "again" and not c.retries
+        else c.args[0]
+        for c in calls
+    ]  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_extras import Call, PolicyError, batch, install
-from celery_extras.batch.runner import BatchResultError, exception_of, run_batch
+from celery_extras.batch.runner import BatchResultError, exception_of, read_ending, run_batch
 from celery_extras.batch.spec import BatchSpec
 from celery_extras.batch.table import BatchTable
 from tests.support.clock import FakeClock
@@ -81,7 +81,7 @@ def test_the_pool_job_calls_the_task_once_with_every_call(app: Celery) -> None:
         seen.append(batch_calls)
         return [c.args[0] + 1 for c in batch_calls]
 
-    assert run_batch("u.ok", calls(1, 2, 3), REQUEST) == ("success", [2, 3, 4])
+    assert run_batch("u.ok", calls(1, 2, 3), REQUEST) == ("success", [2, 3, 4], {})
     assert seen == [[Call("id-1", (1,), {}, {"retries": 0}), Call("id-2", (2,), {}, {"retries": 0}),
                      Call("id-3", (3,), {}, {"retries": 0})]]  # fmt: skip
 
@@ -97,7 +97,7 @@ def test_none_is_a_result_of_none_per_call_and_a_wrong_length_fails_the_batch(
     def short(batch_calls: list[Call]) -> list[int]:
         return [1]
 
-    assert run_batch("u.none", calls(1, 2), REQUEST) == ("success", [None, None])
+    assert run_batch("u.none", calls(1, 2), REQUEST) == ("success", [None, None], {})
     kind, stored, _ = run_batch("u.short", calls(1, 2, 3), REQUEST)
     exc = exception_of(app, stored)
     assert kind == "failure" and type(exc).__name__ == BatchResultError.__name__
@@ -187,7 +187,7 @@ def test_a_batch_sends_prerun_and_postrun_once_with_its_request_and_is_the_curre
         return [c.args[0] for c in batch_calls]
 
     def prerun(task: Any = None, task_id: Any = None, args: Any = None, **_: Any) -> None:
-        sent.append(("prerun", task_id, task.request.id, len(args[0])))
+        sent.append(("prerun", task_id, task.request.id, (len(args[0]), current_task.name)))
 
     def postrun(task: Any = None, task_id: Any = None, state: Any = None, **_: Any) -> None:
         sent.append(("postrun", task_id, task.request.id, state))
@@ -195,11 +195,102 @@ def test_a_batch_sends_prerun_and_postrun_once_with_its_request_and_is_the_curre
     signals.task_prerun.connect(prerun, sender=traced, weak=False)
     signals.task_postrun.connect(postrun, sender=traced, weak=False)
     try:
-        assert run_batch("u.traced", calls(1, 2), REQUEST) == ("success", [1, 2])
+        assert run_batch("u.traced", calls(1, 2), REQUEST) == ("success", [1, 2], {})
     finally:
         signals.task_prerun.disconnect(prerun, sender=traced)
         signals.task_postrun.disconnect(postrun, sender=traced)
-    assert sent == [("prerun", "batch-1", "batch-1", 2), ("postrun", "batch-1", "batch-1",
-                                                          "SUCCESS")]  # fmt: skip
+    assert sent == [("prerun", "batch-1", "batch-1", (2, "u.traced")),
+                    ("postrun", "batch-1", "batch-1", "SUCCESS")]  # fmt: skip
     assert current == [("u.traced", "batch-1", False)]
     assert not current_task and traced.request.id is None
+
+
+def test_an_exception_item_fails_its_call_alone_and_a_call_retry_retries_it_alone(
+    app: Celery,
+) -> None:
+    """Issue 51: per-call outcomes: ``[1, ValueError(), 3, Call.retry(...), 5]`` ends the
+    batch as a success whose second call fails and fourth is retried, each on its own."""
+
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.mixed", shared=False)
+    def mixed(batch_calls: list[Call]) -> list[Any]:
+        return [1, ValueError("bad doc"), 3, Call.retry(countdown=2, exc=KeyError("busy"),
+                                                         max_retries=4), 5]  # fmt: skip
+
+    kind, results, own = run_batch("u.mixed", calls(1, 2, 3, 4, 5), REQUEST)
+    assert (kind, results, sorted(own)) == ("success", [1, None, 3, None, 5], [1, 3])
+    failure, stored, text = own[1]
+    assert failure == "failure" and repr(exception_of(app, stored)) == "ValueError('bad doc')"
+    assert text == "ValueError: bad doc\n"
+    retry, when, reason, limit = own[3]
+    assert (retry, when, limit) == ("retry", 2, 4)
+    assert repr(exception_of(app, reason)) == "KeyError('busy')"
+    read = read_ending(app, ("success", results, own))
+    assert isinstance(read[2][1][1], ValueError) and isinstance(read[2][3][2], KeyError)
+
+
+def test_eager_per_call_outcomes_fail_or_retry_the_call(app: Celery) -> None:
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.eager_own", bind=True, shared=False, max_retries=3)
+    def eager_own(self: Any, batch_calls: list[Call]) -> list[Any]:
+        (call,) = batch_calls
+        if call.args[0] == "bad":
+            return [ValueError("bad doc")]
+        if call.retries < 2:
+            return [Call.retry(countdown=0)]
+        return [(call.args[0], call.retries)]
+
+    failed = eager_own.apply(args=("bad",))
+    assert failed.state == "FAILURE" and repr(failed.result) == "ValueError('bad doc')"
+    assert eager_own.apply(args=("ok",)).get() == ("ok", 2)
+
+
+def test_a_call_carries_the_request_fields_of_celery_batches_simple_request(
+    app: Celery,
+) -> None:
+    seen: list[Call] = []
+
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.fields", shared=False)
+    def fields(batch_calls: list[Call]) -> None:
+        seen.extend(batch_calls)
+
+    one = dict(calls(1)[0], name="u.fields", delivery_info={"routing_key": "q"}, hostname="w@h",
+               reply_to="r-1", correlation_id="id-1", retries=2, eta=None, expires=None,
+               ignore_result=False)  # fmt: skip
+    assert run_batch("u.fields", [one], REQUEST) == ("success", [None], {})
+    (call,) = seen
+    got = (call.name, call.delivery_info, call.hostname, call.reply_to, call.correlation_id)
+    assert got == ("u.fields", {"routing_key": "q"}, "w@h", "r-1", "id-1") and call.retries == 2
+    assert call.request_dict["task"] == "u.fields" and call.request_dict["args"] == [1]
+    applied = fields.apply(args=(7,), task_id="e-1")
+    assert seen[-1].id == "e-1" and seen[-1].name == "u.fields" and applied.get() is None
+
+
+def test_an_eager_group_of_batched_calls_runs_as_one_batch(app: Celery) -> None:
+    """Issue 51: an eager group of one batched task's calls is one batch; each member
+    still ends on its own (its item, an exception item failing it alone); a group of
+    other tasks, or with arguments passed on, stays as Celery runs it."""
+    from celery import group
+
+    sizes: list[int] = []
+
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.grouped", shared=False)
+    def grouped(batch_calls: list[Call]) -> list[Any]:
+        sizes.append(len(batch_calls))
+        return [ValueError("bad") if c.args[0] == 1 else c.args[0] * 10 for c in batch_calls]
+
+    @app.task(name="u.plain_member", shared=False)
+    def plain_member(value: int) -> int:
+        return value
+
+    app.conf.task_always_eager = True
+    result = group(grouped.s(i) for i in range(3)).delay()
+    assert sizes == [3]
+    assert [r.state for r in result.results] == ["SUCCESS", "FAILURE", "SUCCESS"]
+    assert result.get(propagate=False)[::2] == [0, 20]
+    assert group(grouped.s(2), grouped.s(3)).apply().get() == [20, 30] and sizes == [3, 2]
+    assert group(grouped.s(2), plain_member.s(3)).apply().get() == [20, 3]
+    assert sizes == [3, 2, 1]
+    assert grouped.apply(args=(4,)).get() == 40 and sizes == [3, 2, 1, 1]

@@ -12,6 +12,7 @@ from celery_extras import batch, install
 from celery_extras.admission.gate import Ticket
 from celery_extras.batch import gate as gate_module
 from celery_extras.batch.gate import NEXT_SLICE, BatchGate
+from celery_extras.batch.table import Batch
 from tests.support.fake_consumer import Consumer
 
 
@@ -21,6 +22,7 @@ class Request:
     def __init__(self, task: Any, index: int, acks: list[tuple[str, str]]) -> None:
         self.id, self.task, self.name = f"call-{index}", task, task.name
         self.args, self.kwargs, self.delivery_info = [index], {}, {}
+        self.hostname = "w1@host"
         self.request_dict = {"id": self.id, "task": task.name, "args": [index], "kwargs": {}}
         self._acks = acks
 
@@ -73,3 +75,47 @@ def test_a_batch_ends_a_slice_per_turn_each_call_acked_after_its_result(
     ]
     assert pipeline.calls == [f"call-{i}" for i in range(7)]
     assert gate.counts["succeeded"] == 7
+
+
+class Pool:
+    """Records the jobs handed to it."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def apply_async(self, fn: Any, args: tuple[Any, ...] = (), **options: Any) -> None:
+        self.jobs.append((fn, args))
+
+
+def test_a_batchs_calls_are_made_a_slice_per_turn_then_handed_to_the_pool_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 51: making 10,000 calls for the pool in one go kept the loop from pings as
+    ending them did; they are made in slices too, and the pool gets one job of all."""
+    app = install(Celery("batch-packs", set_as_current=True))
+
+    @batch(size=10, wait=1.0)
+    @app.task(name="u.packed", shared=False)
+    def packed(calls: list[Any]) -> None:
+        return None
+
+    monkeypatch.setattr(gate_module, "SLICE", 3)
+    consumer, pool = Consumer(), Pool()
+    consumer.pool = pool  # type: ignore[attr-defined]
+    gate = BatchGate(app, {})
+    gate.start(Pipeline(), consumer)
+    task = app.tasks["u.packed"]
+    tickets = [Ticket(Request(task, i, []), task.name, consumer) for i in range(7)]
+    gate._run(Batch(("u.packed", None), 0.0, 1.0, tickets))
+    turns = 0
+    while consumer.scheduled:
+        assert not pool.jobs
+        seconds, fn, args = consumer.scheduled.pop(0)
+        assert seconds == NEXT_SLICE
+        fn(*args)
+        turns += 1
+    assert turns == 2 and len(pool.jobs) == 1
+    (_, (name, calls, request)) = pool.jobs[0]
+    assert name == "u.packed" and [c["id"] for c in calls] == [f"call-{i}" for i in range(7)]
+    assert calls[0]["args"] == [0] and calls[0]["hostname"] == "w1@host"
+    assert request["id"].startswith("batch-") and gate.queued() == 7
