@@ -39,6 +39,7 @@ __all__ = [
     "CELERY_VERSION",
     "KOMBU_VERSION",
     "PRIVATE",
+    "RESTORE_INTERVAL",
     "REVOKES_MAX",
     "REVOKE_EXPIRES",
     "ConsumerLike",
@@ -764,14 +765,21 @@ def transport_channels(transport: Any) -> list[Any]:
     return channels
 
 
+#: Seconds between kombu's restores of unacked Redis messages where it has no setting for it
+#: (kombu 5.5 and 5.6: its event loop's timer, hard-coded)
+RESTORE_INTERVAL = 10.0
+
+
 def restore_interval(connection: Any) -> float:
-    """Seconds between kombu's Redis transport's restores of unacked messages
-    (``unacked_restore_interval``, as its event loop timer reads it)."""
+    """Seconds between kombu's Redis transport's restores of unacked messages, as its event
+    loop timer has them: ``unacked_restore_interval`` (kombu 5.7), else 10."""
     from kombu.transport.redis import Channel
 
-    default = float(Channel.unacked_restore_interval)
+    default = float(getattr(Channel, "unacked_restore_interval", RESTORE_INTERVAL))
+    if not hasattr(Channel, "unacked_restore_interval"):
+        return default
     interval = connection.transport_options.get("unacked_restore_interval", default)
-    return float(interval) if float(interval) > 0 else default
+    return float(interval) if is_number(interval) and float(interval) > 0 else default
 
 
 def replace_connection_close(

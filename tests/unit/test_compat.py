@@ -257,10 +257,17 @@ def test_the_redis_restore_interval_is_kombus_setting_or_its_default() -> None:
     from kombu import Connection
     from kombu.transport.redis import Channel
 
+    if not hasattr(Channel, "unacked_restore_interval"):  # kombu 5.5, 5.6: 10 s, fixed
+        options = {"unacked_restore_interval": 2}
+        assert compat.restore_interval(Connection("redis://", transport_options=options)) == (
+            compat.RESTORE_INTERVAL
+        )
+        return
     assert compat.restore_interval(Connection("redis://")) == Channel.unacked_restore_interval
     options = {"unacked_restore_interval": 2}
     assert compat.restore_interval(Connection("redis://", transport_options=options)) == 2.0
-    options = {"unacked_restore_interval": 0}  # kombu's timer falls back to its default too
-    assert compat.restore_interval(Connection("redis://", transport_options=options)) == (
-        Channel.unacked_restore_interval
-    )
+    for bad in (0, "soon"):  # kombu's timer falls back to its default too
+        options = {"unacked_restore_interval": bad}
+        assert compat.restore_interval(Connection("redis://", transport_options=options)) == (
+            Channel.unacked_restore_interval
+        )
