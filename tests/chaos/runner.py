@@ -224,6 +224,15 @@ class Run:
             self.say(f"  {worker.hostname} answered none of its last {SILENT_PINGS} pings: "
                      f"its threads' stacks are in {path}")  # fmt: skip
 
+    def keep_stats(self) -> None:
+        """Every worker's ``inspect stats`` once the run drained (its prefetch window and
+        what each gate holds), into ``stats.json``: where messages that never ended wait."""
+        try:
+            stats = self.app.control.inspect(timeout=5.0).stats() or {}
+        except Exception as exc:
+            stats = {"error": repr(exc)}
+        (self.workdir / "stats.json").write_text(json.dumps(stats, default=repr, indent=1))
+
     # -- the history -----------------------------------------------------------------------
 
     def results(self) -> dict[str, tuple[str, Any]]:
@@ -282,6 +291,7 @@ def run(workload: Workload, broker: str, workdir: Path,
                 thread.join()
             one.dump_silent()
             results = one.drain()
+            one.keep_stats()
             one._stop.set()
             threads[-1].join(5)
             entries = one.journal.entries()
