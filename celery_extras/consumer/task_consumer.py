@@ -28,7 +28,14 @@ from kombu.message import Message
 from ..delay.entry import DUE_SUFFIX
 from .weighted_cycle import WeightedOrder
 
-__all__ = ["FairTaskConsumer"]
+__all__ = ["BUFFER_ATTR", "FairTaskConsumer"]
+
+#: Attribute of the consumer naming a factory of per-queue buffers (``priority/``'s step)
+BUFFER_ATTR = "extras_queue_buffer"
+
+
+def _fifo(name: str) -> deque[Message]:
+    return deque()
 
 
 class FairTaskConsumer:
@@ -55,6 +62,8 @@ class FairTaskConsumer:
         self.consumers: dict[str, Any] = {}
         self.retired: dict[str, Any] = {}  # cancelled queues' consumers, channels still open
         self.buffers: dict[str, deque[Message]] = {}
+        #: a queue's buffer (a deque; ``c.extras_queue_buffer(name)`` when set: priority's)
+        self._new_buffer: Callable[[str], Any] = getattr(c, BUFFER_ATTR, None) or _fifo
         self.dispatched: dict[str, int] = {}
         self.order: WeightedOrder[str] = WeightedOrder({})
         self.first: list[str] = []  # due queues, served before the weighted order
@@ -79,7 +88,7 @@ class FairTaskConsumer:
         if retired is not None:  # consumed again: its channel is still open (see cancel_by_queue)
             self.consumers[queue.name] = retired
             self._set_prefetch(retired)
-            self.buffers.setdefault(queue.name, deque())
+            self.buffers.setdefault(queue.name, self._new_buffer(queue.name))
             self.dispatched.setdefault(queue.name, 0)
             self._reorder()
             return
@@ -92,7 +101,7 @@ class FairTaskConsumer:
         )
         self.consumers[queue.name] = consumer
         self._set_prefetch(consumer)
-        self.buffers.setdefault(queue.name, deque())
+        self.buffers.setdefault(queue.name, self._new_buffer(queue.name))
         self.dispatched.setdefault(queue.name, 0)
         self._reorder()
 
