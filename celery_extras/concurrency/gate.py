@@ -120,16 +120,20 @@ class SlotGate(Gate):
 
     # -- taking slots --------------------------------------------------------------------------
 
+    def spec_name(self, ticket: Ticket) -> str | None:  # its task's spec, or none
+        return ticket.name if ticket.name in self.specs else None
+
     def _bucket(self, ticket: Ticket) -> Bucket:
-        spec = self.specs[ticket.name]
-        return (ticket.name, call_key(ticket.name, spec.key, ticket.request, "concurrency",
-                                      "slots", logger))  # fmt: skip
+        name = str(self.spec_name(ticket))
+        return (name, call_key(ticket.name, self.specs[name].key, ticket.request, "concurrency",
+                               "slots", logger))  # fmt: skip
 
     def arrival_call(self, ticket: Ticket) -> StoreCall | None:
         """A global slot's take when the store answers and no request of the bucket waits
         here (it goes first), bucket and holder noted; or a kept slot, noted, taken unasked."""
-        spec = self.specs[ticket.name]
-        if spec.scope != "global" or not self._has_store or not self.health.up():
+        name = self.spec_name(ticket)
+        spec = self.specs.get(name or "")
+        if spec is None or spec.scope != "global" or not self._has_store or not self.health.up():
             return None
         bucket = self._bucket(ticket)
         if self.queues.waiting(bucket):
@@ -137,11 +141,14 @@ class SlotGate(Gate):
         kept = self.store.reuse(bucket)  # a slot an earlier request here freed
         ticket.notes[self.label] = kept or bucket
         return PASSES if kept else self.store.acquire_call(
-            bucket, ticket.holder(self.label, self.store.holder), self.cap(ticket.name),
+            bucket, ticket.holder(self.label, self.store.holder), self.cap(str(name)),
             spec.lease, False)  # fmt: skip
 
     def admit(self, ticket: Ticket) -> Answer:
-        spec = self.specs[ticket.name]
+        name = self.spec_name(ticket)
+        if name is None:  # no cap applies to it (a queue not capped: queue_gate.py)
+            return RUN
+        spec = self.specs[name]
         noted = ticket.notes.pop(self.label, None)
         if isinstance(noted, Grant):  # a kept slot (arrival_call)
             self._granted(ticket, noted)
@@ -301,13 +308,18 @@ class SlotGate(Gate):
         return len(self.queues)
 
     def info(self) -> dict[str, Any]:
-        tasks = {name: {**spec.describe(), "cap": self.cap(name), "holding": 0, "waiting": 0}
-                 for name, spec in self.specs.items()}  # fmt: skip
-        _count(tasks, "holding", ((grant.bucket, 1) for grant in self.grants.values()))
-        _count(tasks, "waiting", ((b, self.queues.waiting(b)) for b in self.queues.buckets()))
-        return {"tasks": tasks, "holding": len(self.grants), "waiting": len(self.queues),
-                **self.store.kept.info(), **self.counts, "store_errors": self.health.errors,
-                **self.health.info(), "on_store_error": self.on_store_error}  # fmt: skip
+        return _info(self)
+
+
+def _info(gate: SlotGate) -> dict[str, Any]:
+    """The gate's ``info()``: per task its spec, cap, slots held and requests waiting."""
+    tasks = {name: {**spec.describe(), "cap": gate.cap(name), "holding": 0, "waiting": 0}
+             for name, spec in gate.specs.items()}  # fmt: skip
+    _count(tasks, "holding", ((grant.bucket, 1) for grant in gate.grants.values()))
+    _count(tasks, "waiting", ((b, gate.queues.waiting(b)) for b in gate.queues.buckets()))
+    return {"tasks": tasks, "holding": len(gate.grants), "waiting": len(gate.queues),
+            **gate.store.kept.info(), **gate.counts, "store_errors": gate.health.errors,
+            **gate.health.info(), "on_store_error": gate.on_store_error}  # fmt: skip
 
 
 def _count(tasks: dict[str, dict[str, Any]], column: str,

@@ -8,6 +8,8 @@ from ..capability import Capability
 from ..checks import is_int
 from ..settings import Setting, boolean, number, reject
 from .emitter import StatsEmitter
+from .queue_stamp import connect_stamp
+from .queue_step import QueueFiguresStep
 from .steps import StatsRecording, TaskCounting
 from .timewheel import minute_wheel
 
@@ -68,7 +70,18 @@ STATS = Capability(
             "Task names a worker keeps figures for; events of further names are counted "
             "under ``<other>``, so foreign or unknown messages cannot grow memory without bound.",
         ),
+        Setting(
+            "stats_queue_figures",
+            True,
+            boolean,
+            "bool",
+            "Read, once per ``extras_stats_interval``, each queue's depth on the broker and "
+            "the age of its oldest message (Redis only), for every queue the worker consumes "
+            "and every queue in ``task_queues``: one broker read per queue per interval "
+            "(:doc:`queues`).",
+        ),
     ),
     worker_steps=(StatsRecording,),
-    consumer_steps=(TaskCounting, StatsEmitter),
+    consumer_steps=(TaskCounting, QueueFiguresStep, StatsEmitter),
+    connect=connect_stamp,
 )

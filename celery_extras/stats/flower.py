@@ -56,7 +56,8 @@ logger = logging.getLogger(__name__)
 _TEMPLATE = Path(__file__).with_name("templates") / "extras.html"
 #: Counts shown per task, over one window.
 SHOWN = ("received", "succeeded", "failed", "retried", "rejected", "revoked", "rate_limited",
-         "parked", "coalesced", "shadow_limited", "batched", "debounced")  # fmt: skip
+         "parked", "coalesced", "shadow_limited", "batched", "debounced",
+         "memoized")  # fmt: skip
 
 
 def _rates(
@@ -128,6 +129,7 @@ def page_data(state: LiveState, max_age: float = 60.0) -> dict[str, Any]:
         for g in gauges.GAUGES
         if g.merge is not None
     }
+    cluster_state["queues"] = {printable(q): e for q, e in cluster_state["queues"].items()}
     rows: dict[str, Any] = {}
     for host, (figures, seen) in latest.items():
         rows[printable(host)] = {

@@ -63,7 +63,8 @@ class Gauge:
     * :attr:`families`: the Prometheus gauge families it feeds;
     * :attr:`page`: its part of a worker's line on the Flower page (names escaped),
       or ``None`` for no part; :attr:`merge`: the cluster's value from the workers'
-      values, for gauges that have one.
+      values, for gauges that have one; :attr:`cluster`: Prometheus families of that
+      cluster value, labelled without ``worker`` (the queues' figures).
     """
 
     key: str
@@ -73,6 +74,7 @@ class Gauge:
     families: tuple[Family, ...] = ()
     page: Callable[[Any], str | None] | None = None
     merge: Callable[[list[Any]], Any] | None = None
+    cluster: tuple[Family, ...] = ()
 
 
 # --- sources: the steps' info() ------------------------------------------------------------
@@ -146,6 +148,23 @@ def _read_limits(infos: Mapping[str, Any]) -> dict[str, dict[str, dict[str, floa
     return _check_limits(by_limit) if isinstance(by_limit, dict) else None
 
 
+def _read_queues(infos: Mapping[str, Any]) -> dict[str, dict[str, float]] | None:
+    """Per queue: depth on the broker, age of its oldest message (when known), messages
+    buffered in the worker (``extras_queue_figures``, plus what the fair consumer holds)."""
+    figures = _field(infos, "extras_queue_figures", "queues")
+    if not isinstance(figures, dict):
+        return None
+    held = _read_buffered(infos) or {}
+    out: dict[str, dict[str, float]] = {}
+    for queue, entry in figures.items():
+        if not isinstance(entry, dict):
+            continue
+        kept = {k: entry[k] for k in ("depth", "oldest", "buffered") if is_number(entry.get(k))}
+        kept["buffered"] = int(kept.get("buffered", 0)) + held.get(str(queue), 0)
+        out[str(queue)] = kept
+    return out
+
+
 # --- checks: an incoming event's value ------------------------------------------------------
 
 
@@ -196,6 +215,41 @@ def _check_concurrency(value: Any) -> dict[str, dict[str, int]] | None:
     ):
         return None
     return {name: {"holding": e["holding"], "waiting": e["waiting"]} for name, e in value.items()}
+
+
+#: The figures of a queue, and a number's check for each (``buffered`` always there).
+_QUEUE_FIGURES: dict[str, Callable[[Any], bool]] = {
+    "depth": count,
+    "oldest": lambda v: is_number(v, minimum=0),
+    "buffered": count,
+}
+
+
+def _check_queues(value: Any) -> dict[str, dict[str, float]] | None:
+    if not isinstance(value, dict) or len(value) > MAX_QUEUES:
+        return None
+    checked: dict[str, dict[str, float]] = {}
+    for queue, entry in value.items():
+        if not short(queue) or not isinstance(entry, dict) or "buffered" not in entry:
+            return None
+        if not all(k in _QUEUE_FIGURES and _QUEUE_FIGURES[k](v) for k, v in entry.items()):
+            return None
+        checked[queue] = dict(entry)
+    return checked
+
+
+def _merge_queues(values: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """The cluster's figures per queue: the largest depth and age the workers read (each
+    read the same broker at its tick), the sum of what they buffer."""
+    merged: dict[str, dict[str, float]] = {}
+    for value in values:
+        for queue, entry in value.items():
+            into = merged.setdefault(queue, {"buffered": 0})
+            into["buffered"] += entry.get("buffered", 0)
+            for name in ("depth", "oldest"):
+                if name in entry:
+                    into[name] = max(into.get(name, 0), entry[name])
+    return merged
 
 
 #: The figures kept per task and limit, and a number's check for each.
@@ -253,6 +307,18 @@ def _per_limit(name: str) -> Callable[[dict[str, dict[str, dict[str, float]]]], 
         ]
 
     return samples
+
+
+def _queue_figure(name: str) -> Callable[[dict[str, dict[str, float]]], Iterable[Sample]]:
+    def samples(value: dict[str, dict[str, float]]) -> Iterable[Sample]:
+        return [((queue,), entry[name]) for queue, entry in value.items() if name in entry]
+
+    return samples
+
+
+def _queues_text(value: dict[str, dict[str, float]]) -> str | None:
+    total = sum(entry["buffered"] for entry in value.values())
+    return f"prefetched {total}" if total else None
 
 
 def _store_up(value: dict[str, str]) -> Iterable[Sample]:
@@ -420,5 +486,39 @@ GAUGES: tuple[Gauge, ...] = (
             ),
         ),
         page=_buffered_text,
+    ),
+    Gauge(
+        key="queues",
+        read=_read_queues,
+        check=_check_queues,
+        expected="map queue names to {'depth': int >= 0, 'oldest': number >= 0, "
+        "'buffered': int >= 0} (depth and oldest when known)",
+        families=(
+            Family(
+                "celery_extras_queue_prefetched",
+                "Messages of a queue in the worker not yet running (prefetched, or held by "
+                "the fair consumer)",
+                ("queue",),
+                _queue_figure("buffered"),
+            ),
+        ),
+        page=_queues_text,
+        merge=_merge_queues,
+        cluster=(
+            Family(
+                "celery_extras_queue_depth",
+                "Messages ready in the queue on the broker (the largest a worker read at its "
+                "last stats tick)",
+                ("queue",),
+                _queue_figure("depth"),
+            ),
+            Family(
+                "celery_extras_queue_oldest_seconds",
+                "Age of the queue's oldest message on the broker, from its publish stamp "
+                "(Redis only: RabbitMQ cannot tell it)",
+                ("queue",),
+                _queue_figure("oldest"),
+            ),
+        ),
     ),
 )

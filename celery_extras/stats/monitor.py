@@ -3,7 +3,8 @@
 :func:`render` (pure) lays out one frame from the latest figures of each worker,
 for a terminal of a given size: per task, the finished-task rate over each window,
 the counters over one chosen window and the p95 runtime, cluster-wide first, then
-per worker with its waiting and parked tasks and its store's state. It never
+per worker with its waiting and parked tasks and its store's state, and each queue's
+depth, oldest message and prefetched messages. It never
 writes a line wider than the terminal (task names are cut, then the least useful
 columns dropped, down to 80 columns) nor more lines than it has (the header stays;
 the rows that do not fit are counted). Names from events are escaped
@@ -30,7 +31,7 @@ from .listener import ClusterState, Listener
 from .schema import Malformed, TaskFigures, Throughput, merge_workers, parse
 from .text import printable, truncate, window_label
 
-__all__ = ["DONE", "MIN_WIDTH", "render", "seed", "top"]
+__all__ = ["DONE", "MIN_WIDTH", "queue_rows", "render", "seed", "top"]
 
 #: Counters whose sum is the "finished" rate: every run that ended.
 DONE = ("succeeded", "failed", "retried", "rejected", "ignored")
@@ -174,6 +175,7 @@ def render(
     mark = "*" if len(workers) > 1 else ""
     cluster = active(merge_workers(workers, windows))
     rows(f"cluster  {_gauges(cluster_state)}".rstrip(), cluster, mark)
+    body.extend(queue_rows(cluster_state.get("queues") or {}, name_width))
     others = [printable(h) for h, f in workers.items() if f.windows != windows]
     if others:
         body.append(f"  (not in the cluster sums, other windows: {', '.join(others)})")
@@ -186,6 +188,25 @@ def render(
     if len(workers) > 1:
         top_lines[0] = head + "  (* p95: the largest worker's)"
     return "\n".join(truncate(line, width) for line in (*top_lines, *body)) + "\n"
+
+
+def queue_rows(queues: Mapping[str, Mapping[str, float]], name_width: int) -> list[str]:
+    """The cluster's queue figures (:mod:`.queue_step`): per queue its depth on the broker,
+    its oldest message's age (``-`` where the broker cannot tell it) and what workers hold."""
+    if not queues:
+        return []
+    rows = ["queues".ljust(name_width) + "depth".rjust(9) + "oldest".rjust(10)
+            + "prefetched".rjust(12)]  # fmt: skip
+    for name in sorted(queues):
+        entry = queues[name]
+        oldest = entry.get("oldest")
+        rows.append(
+            truncate("  " + printable(name), name_width - 1).ljust(name_width)
+            + str(int(entry.get("depth", 0))).rjust(9)
+            + ("-" if oldest is None else f"{oldest:.1f}s").rjust(10)
+            + str(int(entry.get("buffered", 0))).rjust(12)
+        )
+    return rows
 
 
 def seed(app: Celery, state: ClusterState, timeout: float = 1.0) -> int:

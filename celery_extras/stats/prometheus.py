@@ -20,7 +20,11 @@ Following Prometheus' conventions (labels ``worker`` and ``task`` on each):
   ``celery_extras_queue_buffered{worker, queue}`` (messages the fair consumer holds),
   ``celery_extras_concurrency_holding{worker, task}`` and
   ``celery_extras_concurrency_waiting{worker, task}`` (concurrency slots held, tasks
-  waiting for one) and ``celery_extras_worker_last_event_age_seconds{worker}``.
+  waiting for one), ``celery_extras_queue_prefetched{worker, queue}`` (messages of a queue
+  in the worker, not yet running) and ``celery_extras_worker_last_event_age_seconds{worker}``.
+* Queue figures, cluster-wide (no ``worker`` label: the largest the workers read):
+  ``celery_extras_queue_depth{queue}`` and ``celery_extras_queue_oldest_seconds{queue}``
+  (Redis only).
 * Windowed figures, gauges named for what they are:
   ``celery_extras_window_tasks{worker, task, window, state}`` (count over the last
   ``window`` seconds) and ``celery_extras_window_runtime_seconds{worker, task,
@@ -65,6 +69,7 @@ __all__ = [
     "BOUNDS",
     "FlowerMetrics",
     "ThroughputCollector",
+    "cluster_families",
     "collect_into",
     "flower_metrics",
     "histogram_buckets",
@@ -140,7 +145,8 @@ class ThroughputCollector:
             labels=[*labels, "quantile"],
         )
         now = self.state.clock()
-        for worker_name, (figures, seen) in self.state.latest(self.max_age).items():
+        latest = self.state.latest(self.max_age)
+        for worker_name, (figures, seen) in latest.items():
             worker = printable(worker_name)
             windows = [f"{w:g}" for w in figures.windows]
             age.add_metric([worker], max(0.0, now - seen))
@@ -168,11 +174,27 @@ class ThroughputCollector:
                         metric.add_metric([worker, *map(printable, label_values)], sample)
         yield from (totals, runtime, *(metric for _, _, metric in gauge_families), age, window)
         yield window_runtime
+        yield from cluster_families([figures.state for figures, _ in latest.values()])
         yield CounterMetricFamily(
             "celery_extras_malformed_events",
             "worker-throughput events dropped as malformed",
             value=self.state.malformed,
         )
+
+
+def cluster_families(states: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily]:
+    """The gauges' cluster-wide families (no ``worker`` label: the queues' depth and age),
+    from the workers' merged values."""
+    for gauge in gauges.GAUGES:
+        if not gauge.cluster or gauge.merge is None:
+            continue
+        values = [state[gauge.key] for state in states if gauge.key in state]
+        merged = gauge.merge(values) if values else None
+        for family in gauge.cluster:
+            metric = GaugeMetricFamily(family.name, family.help, labels=list(family.labels))
+            for label_values, sample in family.samples(merged) if merged is not None else ():
+                metric.add_metric([printable(v) for v in label_values], sample)
+            yield metric
 
 
 def collect_into(

@@ -30,6 +30,9 @@ INFOS: dict[str, Any] = {
     "extras_delay": {"store": "ok", "depth": 7},
     "extras_store": {"policy": "allkeys-lru", "at_risk": ["parked tasks", "revokes"]},
     "extras_queues": {"buffered": {"q1": 2, "q\x1b": 3}},
+    "extras_queue_figures": {
+        "queues": {"q1": {"depth": 25, "oldest": 2.5, "buffered": 1}, "q2": {"buffered": 0}},
+    },
 }
 
 
@@ -71,6 +74,8 @@ def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() ->
         "concurrency": {"t.a": {"holding": 2, "waiting": 1}},
         "limits": INFOS["extras_policies"]["by_limit"],
         "buffered": {"q1": 2, "q\x1b": 3},
+        # the fair consumer's 2 of q1 added to the 1 prefetched
+        "queues": {"q1": {"depth": 25, "oldest": 2.5, "buffered": 3}, "q2": {"buffered": 0}},
     }
     assert list(state) == [g.key for g in gauges.GAUGES]  # the event's order is the table's
     assert parse(event("w@h", state)).state == state
@@ -88,6 +93,8 @@ def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() ->
         ("celery_extras_concurrency_waiting", (("task", "t.a"), *w)): 1.0,
         ("celery_extras_queue_buffered", (("queue", "q1"), *w)): 2.0,
         ("celery_extras_queue_buffered", (("queue", "q\\x1b"), *w)): 3.0,
+        ("celery_extras_queue_prefetched", (("queue", "q1"), *w)): 3.0,
+        ("celery_extras_queue_prefetched", (("queue", "q2"), *w)): 0.0,
         **{
             (f"celery_extras_limit_{family}", (("limit", limit), ("task", "t.b"), *w)): value
             for family, limit, value in [
@@ -106,8 +113,13 @@ def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() ->
         "waiting 4",
         "parked 7",
         "buffered 5",
+        "prefetched 3",
     ]
-    assert data["cluster"]["state"] == {"waiting": 4, "parked": 7}
+    assert data["cluster"]["state"] == {"waiting": 4, "parked": 7, "queues": state["queues"]}
+    # the queues' depth and age, cluster-wide: no worker label
+    assert samples[("celery_extras_queue_depth", (("queue", "q1"),))] == 25.0
+    assert samples[("celery_extras_queue_oldest_seconds", (("queue", "q1"),))] == 2.5
+    assert ("celery_extras_queue_oldest_seconds", (("queue", "q2"),)) not in samples
 
 
 def test_the_page_says_only_what_a_worker_has_and_the_cluster_merges_as_declared() -> None:
@@ -118,9 +130,9 @@ def test_the_page_says_only_what_a_worker_has_and_the_cluster_merges_as_declared
     assert data["workers"]["w0@h"]["gauges"] == ["waiting 0"]
     assert data["workers"]["w1@h"]["gauges"] == ["store: sync\\x07 down\\x1b", "waiting 3",
                                                  "parked 5"]  # fmt: skip
-    assert data["cluster"]["state"] == {"waiting": 3, "parked": 9}  # summed; the largest
+    assert data["cluster"]["state"] == {"waiting": 3, "parked": 9, "queues": {}}
     _, empty = outputs({})
-    assert empty["cluster"]["state"] == {"waiting": 0, "parked": 0}
+    assert empty["cluster"]["state"] == {"waiting": 0, "parked": 0, "queues": {}}
 
 
 WIDGETS = Gauge(
@@ -148,7 +160,11 @@ def test_a_gauge_added_to_the_table_appears_in_all_four_places(
     assert samples[("celery_extras_widgets", (("kind", "b\\x1b"), ("worker", "w1@h")))] == 4
     assert data["workers"]["w0@h"]["gauges"][-1] == "widgets 3"
     assert data["workers"]["w1@h"]["gauges"] == ["widgets 4"]
-    assert data["cluster"]["state"] == {"waiting": 4, "parked": 7, "widgets": 7}
+    assert {k: v for k, v in data["cluster"]["state"].items() if k != "queues"} == {
+        "waiting": 4,
+        "parked": 7,
+        "widgets": 7,
+    }
 
 
 def test_the_flower_page_lives_in_stats_and_the_public_line_still_imports() -> None:
