@@ -148,6 +148,12 @@ def _read_limits(infos: Mapping[str, Any]) -> dict[str, dict[str, dict[str, floa
     return _check_limits(by_limit) if isinstance(by_limit, dict) else None
 
 
+def _read_priority(infos: Mapping[str, Any]) -> Any:
+    """Requests waiting for a pool process per queue and priority level
+    (``extras_priority.waiting``: ``{queue: {"0": n, ...}}``)."""
+    return _field(infos, "extras_priority", "waiting")
+
+
 def _read_queues(infos: Mapping[str, Any]) -> dict[str, dict[str, float]] | None:
     """Per queue: depth on the broker, age of its oldest message (when known), messages
     buffered in the worker (``extras_queue_figures``, plus what the fair consumer holds)."""
@@ -199,6 +205,25 @@ def _check_buffered(value: Any) -> dict[str, int] | None:
     ):
         return None
     return dict(value)
+
+
+#: The levels a ``priority`` gauge may name (Celery's 0-9 on Redis; AMQP's up to 255).
+_LEVELS = frozenset(str(level) for level in range(256))
+
+
+def _check_priority(value: Any) -> dict[str, dict[str, int]] | None:
+    if (
+        not isinstance(value, dict)
+        or len(value) > MAX_QUEUES
+        or not all(
+            short(queue)
+            and isinstance(levels, dict)
+            and all(level in _LEVELS and count(n) for level, n in levels.items())
+            for queue, levels in value.items()
+        )
+    ):
+        return None
+    return {queue: dict(levels) for queue, levels in value.items()}
 
 
 def _check_concurrency(value: Any) -> dict[str, dict[str, int]] | None:
@@ -289,6 +314,10 @@ def _one(value: int) -> Iterable[Sample]:
 
 def _per_key(value: dict[str, int]) -> Iterable[Sample]:
     return [((key,), n) for key, n in value.items()]
+
+
+def _per_level(value: dict[str, dict[str, int]]) -> Iterable[Sample]:
+    return [((queue, level), n) for queue, levels in value.items() for level, n in levels.items()]
 
 
 def _field_per_key(name: str) -> Callable[[dict[str, dict[str, int]]], Iterable[Sample]]:
@@ -486,6 +515,21 @@ GAUGES: tuple[Gauge, ...] = (
             ),
         ),
         page=_buffered_text,
+    ),
+    Gauge(
+        key="priority",
+        read=_read_priority,
+        check=_check_priority,
+        expected="map queue names to {level '0'-'255': int >= 0}",
+        families=(
+            Family(
+                "celery_extras_priority_waiting",
+                "Requests of a queue waiting in the worker for a pool process, per priority "
+                "level (extras_priority)",
+                ("queue", "level"),
+                _per_level,
+            ),
+        ),
     ),
     Gauge(
         key="queues",

@@ -30,6 +30,7 @@ INFOS: dict[str, Any] = {
     "extras_delay": {"store": "ok", "depth": 7},
     "extras_store": {"policy": "allkeys-lru", "at_risk": ["parked tasks", "revokes"]},
     "extras_queues": {"buffered": {"q1": 2, "q\x1b": 3}},
+    "extras_priority": {"waiting": {"q1": {"0": 1, "9": 4}}, "oldest_wait": 0.5},
     "extras_queue_figures": {
         "queues": {"q1": {"depth": 25, "oldest": 2.5, "buffered": 1}, "q2": {"buffered": 0}},
     },
@@ -74,6 +75,7 @@ def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() ->
         "concurrency": {"t.a": {"holding": 2, "waiting": 1}},
         "limits": INFOS["extras_policies"]["by_limit"],
         "buffered": {"q1": 2, "q\x1b": 3},
+        "priority": {"q1": {"0": 1, "9": 4}},
         # the fair consumer's 2 of q1 added to the 1 prefetched
         "queues": {"q1": {"depth": 25, "oldest": 2.5, "buffered": 3}, "q2": {"buffered": 0}},
     }
@@ -93,6 +95,8 @@ def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() ->
         ("celery_extras_concurrency_waiting", (("task", "t.a"), *w)): 1.0,
         ("celery_extras_queue_buffered", (("queue", "q1"), *w)): 2.0,
         ("celery_extras_queue_buffered", (("queue", "q\\x1b"), *w)): 3.0,
+        ("celery_extras_priority_waiting", (("level", "0"), ("queue", "q1"), *w)): 1.0,
+        ("celery_extras_priority_waiting", (("level", "9"), ("queue", "q1"), *w)): 4.0,
         ("celery_extras_queue_prefetched", (("queue", "q1"), *w)): 3.0,
         ("celery_extras_queue_prefetched", (("queue", "q2"), *w)): 0.0,
         **{
