@@ -27,6 +27,8 @@ from .install import CAPABILITIES, install
 from .limits.decorator import limit
 from .limits.rate import parse_rate
 from .limits.token_bucket import TokenBucket
+from .memoize.decorator import memoize
+from .memoize.invalidate import invalidate
 from .retries.decorator import retry_policy
 from .retries.failure_memory import Counts, MemoryCounts
 from .retries.hook import retry_memory
@@ -79,7 +81,9 @@ __all__ = [
     "delayed",
     "drop_delayed",
     "install",
+    "invalidate",
     "limit",
+    "memoize",
     "parse_rate",
     "record_revokes",
     "retry_memory",

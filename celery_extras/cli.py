@@ -218,7 +218,7 @@ def _echo_replies(replies: list[dict[str, Any]]) -> None:
 def _show_limits(app: Celery, shown: dict[str, Any], only: str | None) -> None:
     stored: dict[str, str] = shown["stored"]
     tasks: dict[str, Any] = shown["tasks"]
-    names = sorted(set(stored) | set(tasks))
+    names = sorted({_stored_task(field) for field in stored} | set(tasks))
     if only is not None:
         names = [n for n in names if n == only]
         if not names:
@@ -252,6 +252,16 @@ def _show_limits(app: Celery, shown: dict[str, Any], only: str | None) -> None:
                 shadow = ", shadow" if one.get("shadow") else ""
                 click.echo(f"  {worker}: {at}{in_force} burst {one.get('burst')} ({how}, "
                            f"{one.get('scope')}{shadow})")  # fmt: skip
+
+
+def _stored_task(field: str) -> str:
+    """The task a stored rate is for, from its field: ``name``, ``name#2`` (its second
+    limit()) or ``["name#2", "key"]`` (one key's): never a task line of its own."""
+    if field.startswith("["):
+        with contextlib.suppress(ValueError, TypeError, IndexError):
+            field = str(json.loads(field)[0])
+    name, _, place = field.rpartition("#")
+    return name if name and place.isdigit() else field
 
 
 def _declared_text(spec: dict[str, Any]) -> str:
@@ -534,3 +544,46 @@ def coalesce_command(ctx: click.Context, as_json: bool) -> None:
         orphans = f", {one['orphans']} passed on to the next run" if one["orphans"] else ""
         click.echo(f"  {shown(one['task'])} [{shown(one['key'])}]: {running}{waiting}{extra}"
                    f"{orphans}")  # fmt: skip
+
+
+def _argument(text: str) -> Any:
+    """A command-line argument as JSON (``1``, ``"a"``, ``[1, 2]``), else as the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@extras.command(cls=CeleryCommand, name="memoize")
+@click.argument("task_name")
+@click.argument("args", nargs=-1)
+@click.option("--forget", is_flag=True, help="Forget the result kept for ARGS (each read as "
+              "JSON, else as text): the next call with them runs.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def memoize_command(ctx: click.Context, task_name: str, args: tuple[str, ...], forget: bool,
+                    as_json: bool) -> None:  # fmt: skip
+    """List the keys a memoize() task keeps a result for (most recently used first), or
+    with --forget drop the one its ARGS make."""
+    from .memoize import invalidate
+
+    app = app_of(ctx)
+    known_task(app, task_name)
+    values = [_argument(one) for one in args]
+    try:
+        with answering_store(app):
+            if forget:
+                done: Any = invalidate.forget(app, task_name, values)
+            else:
+                done = invalidate.kept(app, task_name)
+    except (ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({"task": task_name, "forgot" if forget else "keys": done}))
+    elif forget:
+        click.echo(f"{'forgot the' if done else 'no'} result kept for {task_name} "
+                   f"{shown(json.dumps(values))}")  # fmt: skip
+    else:
+        click.echo(f"{len(done)} key(s) of {task_name} keep a result")
+        for key in done:
+            click.echo(f"  {shown(key)}")

@@ -61,9 +61,11 @@ __all__ = [
     "narrow_prefetch",
     "on_every_app_finalize",
     "on_strategies_rebuilt",
+    "order_semaphore_waiting",
     "pool_poll_start",
     "promise_proxy_parts",
     "purge_command_queues",
+    "redis_queue_keys",
     "replace_connection_close",
     "request_embed",
     "request_pending",
@@ -232,6 +234,23 @@ def _flush_discards_by_job(flush: Any) -> bool:
     write = inspect.getsource(AsynPool._create_write_handlers)
     source = inspect.getsource(flush)
     return "job._write_to = proc" in write and "_accepted" in source and "discard()" in source
+
+
+def _semaphore_waiting(cls: Any) -> bool:
+    """``LaxBoundedSemaphore(n)``: its waiters in ``_waiting``, added and taken through
+    ``_add_waiter``/``_pop_waiter`` (bound to it), emptied by ``clear()``."""
+    semaphore = cls(1)
+    return (
+        order_semaphore_waiting(semaphore, _ProbeWaiting())
+        and semaphore.acquire(lambda: None)
+        and not semaphore.acquire(lambda: None)
+        and len(semaphore._waiting) == 1
+    )
+
+
+class _ProbeWaiting(list):  # type: ignore[type-arg]
+    def popleft(self) -> Any:
+        return self.pop(0)
 
 
 def _transport_channels(cls: Any) -> bool:
@@ -417,6 +436,11 @@ PRIVATE: tuple[Private, ...] = (
             "pool flush guard: a job written to a process at a stop is waited for",
             fallback="a job in flight at a stop makes the stop 30 s longer and runs again",
             probe=True),
+    Private("kombu.asynchronous.semaphore", "LaxBoundedSemaphore", _semaphore_waiting,
+            "LaxBoundedSemaphore(n)._waiting, with _add_waiter/_pop_waiter its append/popleft",
+            "priority: requests waiting for a prefork process taken in priority order",
+            fallback="requests wait for a process in arrival order (the broker's order only)",
+            probe=True),
     Private("kombu.transport.virtual", "Transport", _transport_channels,
             "Transport().channels, the list of open channels",
             "Redis close guard: acks on a lost connection dropped", probe=True),
@@ -458,6 +482,9 @@ PRIVATE: tuple[Private, ...] = (
             fallback="app.control.purge() empties the broker's queues only", probe=True),
     Private("kombu.connection", "Connection.release", _callable(),
             "Connection.release()", "Redis close guard: wraps the close of a lost connection"),
+    Private("kombu.transport.redis", "Channel._q_for_pri", _callable("queue", "pri"),
+            "_q_for_pri(queue, pri), the list of a queue's priority step",
+            "queue figures: a Redis queue's depth and oldest message, over its lists"),
 )  # fmt: skip
 
 
@@ -759,10 +786,31 @@ def _not_discarded() -> None:
     """A written job's ``discard`` during a flush: it stays in the pool's cache."""
 
 
+def order_semaphore_waiting(semaphore: Any, waiting: Any) -> bool:
+    """Make *waiting* (``append``, ``popleft``, ``clear``, ``len``) the list of requests
+    waiting for a pool process in the worker's ``LaxBoundedSemaphore``; ``False`` (left as
+    it is) when the semaphore is not shaped so or already has waiters."""
+    found = getattr(semaphore, "_waiting", None)
+    if found is None or len(found) or not hasattr(semaphore, "_pop_waiter"):
+        return False
+    semaphore._waiting = waiting
+    semaphore._add_waiter = waiting.append
+    semaphore._pop_waiter = waiting.popleft
+    return True
+
+
 def transport_channels(transport: Any) -> list[Any]:
     """The open channels of a virtual kombu transport (Redis...)."""
     channels: list[Any] = getattr(transport, "channels", None) or []
     return channels
+
+
+def redis_queue_keys(channel: Any, queue: str) -> list[str]:
+    """The lists of *queue* on kombu's Redis *channel*, one per priority step, with the
+    transport's ``global_keyprefix``."""
+    prefix = getattr(channel, "global_keyprefix", "") or ""
+    steps = getattr(channel, "priority_steps", None) or [0]
+    return list(dict.fromkeys(prefix + channel._q_for_pri(queue, step) for step in steps))
 
 
 #: Seconds between kombu's restores of unacked Redis messages where it has no setting for it

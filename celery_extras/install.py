@@ -25,6 +25,7 @@ from .compat import check_worker
 from .consumer.capability import CONSUMER
 from .delay.capability import DELAY
 from .policies import POLICIES
+from .priority.capability import PRIORITY
 from .settings import (
     CORE_SETTINGS,
     PREFIX,
@@ -55,6 +56,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     admission_capability(POLICIES),
     DELAY,
     CONSUMER,
+    PRIORITY,
     STATS,
 )
 

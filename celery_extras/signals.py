@@ -15,6 +15,7 @@ __all__ = [
     "task_concurrency_limited",
     "task_covered_ended",
     "task_debounced",
+    "task_memoized",
     "task_parked",
     "task_rate_limited",
     "task_released",
@@ -68,3 +69,9 @@ task_batched = Signal(name="task_batched", providing_args={"size", "batch_id"})
 #: later message of its key (acked; it never runs: the run of the burst does its work).
 #: ``sender`` is the task name; ``request`` the request; ``by`` the id of the covering run.
 task_debounced = Signal(name="task_debounced", providing_args={"request", "by"})
+
+#: Sent in the worker's main process when a message of a memoized task is covered: by the
+#: kept result of its key's last run (it ends with that result), or by its key's run in
+#: flight (it joins it). ``sender`` is the task name; ``request`` the request; ``by`` the
+#: id of the covering run.
+task_memoized = Signal(name="task_memoized", providing_args={"request", "by"})

@@ -200,6 +200,15 @@ class Gate:
     def tick(self) -> None:
         """Called a few times a second from the event loop."""
 
+    def next_due(self) -> float | None:
+        """When this gate next needs time to pass to do what it keeps waiting (its clock),
+        or ``None``: the testing plugin moves simulated time there, then calls
+        :meth:`run_due`."""
+        return None
+
+    def run_due(self) -> None:
+        """Do what has come due (called on the worker's loop after time moved)."""
+
     def stop(self) -> None:
         """Connection lost or shutting down: drop what waits (the broker delivers it again)."""
 

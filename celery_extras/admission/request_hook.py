@@ -101,6 +101,9 @@ class RequestHook:
         self.succeeded: Callable[[Any, Any], None] = _nothing
         self.failed: Callable[[Any, Any], None] = _nothing
         self.ended: Callable[[Any], None] = _nothing
+        # issue 54 (per-queue concurrency): asked first by the consumer's on_task_request;
+        # True when it took the request (concurrency/queue_gate.py's QueueSlotGate.divert)
+        self.divert: Callable[[Any], bool] | None = None
 
     # -- listeners -----------------------------------------------------------------------------
 
@@ -167,6 +170,8 @@ class RequestHook:
 
         def hooked_task_request(request: Any) -> Any:
             adopt(request)
+            if self.divert is not None and self.divert(request):  # issue 54: a capped queue
+                return None
             return on_task_request(request)
 
         consumer.on_task_request = hooked_task_request

@@ -6,15 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..admission.spec import KeyFunc, PolicyError
-from ..checks import is_number
+from ..keyed.spec import MAX_LEASE, MIN_LEASE, lease_of
 from .table import KEEP
 
 __all__ = ["MAX_LEASE", "MIN_LEASE", "CoalesceSpec"]
-
-#: Bounds of ``coalesce(lease=...)``: a hold is renewed every third of its lease, so it must
-#: outlast a few event-loop turns; a day is the longest a dead worker's key stays taken.
-MIN_LEASE = 1.0
-MAX_LEASE = 86400.0
 
 
 @dataclass(frozen=True)
@@ -33,11 +28,7 @@ class CoalesceSpec:
             raise PolicyError(f"{where}: key {key!r}: expected a callable (args, kwargs) -> key")
         if keep not in KEEP:
             raise PolicyError(f"{where}: keep {keep!r}: expected 'first' or 'last'")
-        if not is_number(lease, minimum=MIN_LEASE) or lease > MAX_LEASE:
-            raise PolicyError(
-                f"{where}: lease {lease!r}: expected seconds from {MIN_LEASE:g} to {MAX_LEASE:g}"
-            )
-        return cls(key, str(keep), float(lease))
+        return cls(key, str(keep), lease_of(where, lease))
 
     def describe(self) -> dict[str, Any]:
         return {"keep": self.keep, "lease": self.lease}

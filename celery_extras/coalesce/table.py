@@ -32,11 +32,10 @@ table is what a worker with no store uses, and the executable form of the rules.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from ..clock import wall
-from .key_table import KeyState, KeyTable
+from ..keyed.table import RUN, KeyFinished, KeyState, KeyTable, KeyVerdict
 
 __all__ = [
     "KEEP",
@@ -75,31 +74,16 @@ class CoalesceKey(KeyState[CoalesceHold]):
     and cutoff)."""
 
 
-@dataclass(frozen=True)
-class CoalesceVerdict:
-    """What a message of a coalesced key does: ``"run"``, ``"wait"`` or ``"covered"``
-    (*by*: the id of the covering run). A waiting run learns when the run's lease ends
-    (*due*, seconds from now): should its worker die, the key frees then."""
-
-    kind: Literal["run", "wait", "covered"]
-    by: str = ""
-    due: float = field(default=0.0, compare=False)
-    #: covered by a run that has ended already (its result can be copied at once)
-    ended: bool = field(default=False, compare=False)
+#: What a message of a coalesced key does: ``"run"``, ``"wait"`` or ``"covered"`` (*by*: the
+#: id of the covering run); a waiting run learns when the run's lease ends (*due*, seconds
+#: from now): should its worker die, the key frees then.
+CoalesceVerdict = KeyVerdict
+#: A run ended (or was dropped): the ids it covered, the delay-store entry of the waiting run
+#: if it is parked (the finisher makes it due at once), and the covered ids' ending contexts.
+CoalesceFinished = KeyFinished
 
 
-@dataclass(frozen=True)
-class CoalesceFinished:
-    """A run ended (or was dropped): the ids it covered, the delay-store entry of the waiting
-    run if it is parked (the finisher makes it due at once), and the ending contexts stored
-    with the covered ids (by id; an id without one is absent)."""
-
-    covered: list[str]
-    parked: str = ""
-    contexts: dict[str, str] = field(default_factory=dict)
-
-
-_RUN = CoalesceVerdict("run")
+_RUN = RUN
 
 
 class CoalesceTable(KeyTable[CoalesceKey]):
@@ -113,22 +97,12 @@ class CoalesceTable(KeyTable[CoalesceKey]):
         state.by.pop(run_id, None)
         super()._orphan(state, run_id)
 
-    @staticmethod
-    def _cover(state: CoalesceKey, run_id: str, covered: str) -> CoalesceVerdict:
-        if covered != run_id and state.by.get(covered) != run_id:
-            state.covered.setdefault(run_id, []).append(covered)
-            state.by[covered] = run_id
-        return CoalesceVerdict("covered", run_id)
-
     def _start(
         self, state: CoalesceKey, mid: str, holder: str, lease: float, retries: int
     ) -> CoalesceVerdict:
         now = self.clock()
         state.run = CoalesceHold(mid, holder, now + lease, cutoff=now, retries=retries)
-        for orphan in state.orphans:
-            if orphan != mid:
-                self._cover(state, mid, orphan)
-        state.orphans.clear()
+        self._adopt_orphans(state, mid)
         return _RUN
 
     def ask(
@@ -138,20 +112,15 @@ class CoalesceTable(KeyTable[CoalesceKey]):
         """Message *mid* of *key*, sent at *sent*, reached *holder*: what it does. Covered by
         a run (or the waiting run) that has not ended, it keeps its ending *context*."""
         state = self._state(key)
-        verdict = self._decide(state, mid, sent, holder, lease, keep, retries)
-        if verdict.kind == "covered" and verdict.by != mid and not verdict.ended and context:
-            state.contexts[mid] = context
-        return verdict
+        verdict = self._own_run(state, mid, holder, lease, retries) or self._decide(
+            state, mid, sent, holder, lease, keep, retries
+        )
+        return self._keep_context(state, mid, verdict, context)
 
     def _decide(self, state: CoalesceKey, mid: str, sent: float, holder: str, lease: float,
                 keep: str, retries: int) -> CoalesceVerdict:  # fmt: skip
         run, wait = state.run, state.waiting
         now = self.clock()
-        if run is not None and run.id == mid:
-            if run.holder in ("", holder) or retries > run.retries:
-                run.holder, run.until, run.retries = holder, now + lease, max(retries, run.retries)
-                return _RUN  # the run itself, asked again, or going on (a retry, a park)
-            return CoalesceVerdict("covered", mid)  # a second delivery of a live run
         if mid in state.by:
             return CoalesceVerdict("covered", state.by[mid])
         if wait is not None and wait.id == mid:
@@ -182,12 +151,10 @@ class CoalesceTable(KeyTable[CoalesceKey]):
     def finish(self, key: Hashable, mid: str, holder: str) -> CoalesceFinished | None:
         """Run *mid* ended: what it covered, or ``None`` when it was no longer the key's run
         (its lease ran out: another run covers its ids)."""
-        state = self._state(key)
-        run = state.run
-        if run is None or run.id != mid or run.holder != holder:
-            self._drop_if_empty(key, state)
+        run = self._state(key).run
+        state = self._ended(key, mid, holder)
+        if state is None or run is None:
             return None
-        state.run = None
         state.last = CoalesceHold(mid, holder, self.clock() + REMEMBER, cutoff=run.cutoff)
         covered = self._release(state, mid)
         parked = state.waiting.entry if state.waiting is not None else ""
@@ -195,38 +162,5 @@ class CoalesceTable(KeyTable[CoalesceKey]):
         self._drop_if_empty(key, state)
         return CoalesceFinished(covered, parked, contexts)
 
-    @staticmethod
-    def _take_contexts(state: CoalesceKey, ids: list[str]) -> dict[str, str]:
-        return {one: state.contexts.pop(one) for one in ids if one in state.contexts}
-
-    def park_wait(self, key: Hashable, mid: str, holder: str, entry: str, seconds: float,
-                  lease: float) -> bool:  # fmt: skip
-        """The waiting run *mid* was parked in the delay store as *entry*, due in *seconds*:
-        its hold lasts *seconds* + *lease* for whichever worker receives it. ``False`` if
-        it was no longer *holder*'s."""
-        return self._park(key, mid, holder, entry, seconds, lease)
-
-    def drop(self, key: Hashable, mid: str) -> CoalesceFinished | None:
-        """Celery discarded message *mid* (revoked, expired) before it ran: if it was the
-        key's waiting run, or its run between attempts, it is no more; the ids it covered
-        and their contexts (to end as it did), or ``None`` when it held nothing."""
-        state = self._state(key)
-        for hold in (state.waiting, state.run):
-            if hold is not None and hold.id == mid and (hold is state.waiting or not hold.holder):
-                covered = self._release(state, mid)
-                if hold is state.waiting:
-                    state.waiting = None
-                else:
-                    state.run = None
-                contexts = self._take_contexts(state, covered)
-                self._drop_if_empty(key, state)
-                return CoalesceFinished(covered, "", contexts)
-        return None
-
-    def forget(self, key: Hashable, mid: str, holder: str) -> None:
-        """The waiting run *mid* was dropped by *holder* (the broker delivers it again)."""
-        state = self._state(key)
-        if state.waiting is not None and state.waiting.id == mid and state.waiting.holder == holder:
-            self._orphan(state, mid)
-            state.waiting = None
-        self._drop_if_empty(key, state)
+    #: the waiting run *mid* was parked in the delay store (see :meth:`KeyTable.park`)
+    park_wait = KeyTable.park

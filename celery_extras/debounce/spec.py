@@ -7,16 +7,13 @@ from typing import Any
 
 from ..admission.spec import KeyFunc, PolicyError
 from ..checks import is_number
+from ..keyed.spec import MAX_LEASE, MIN_LEASE, lease_of, seconds_of
 
 __all__ = ["MAX_LEASE", "MAX_WAIT", "MIN_LEASE", "DebounceSpec"]
 
 #: Longest quiet period (and ``max_wait``): a debounced message waits that long before its
 #: run, held in a worker or parked in the delay store; a day bounds what the store keeps.
 MAX_WAIT = 86400.0
-#: Bounds of ``debounce(lease=...)``: a hold is renewed every third of its lease, so it must
-#: outlast a few event-loop turns; a day is the longest a dead worker's key stays taken.
-MIN_LEASE = 1.0
-MAX_LEASE = 86400.0
 
 
 @dataclass(frozen=True)
@@ -34,21 +31,14 @@ class DebounceSpec:
     def build(cls, task: str, wait: object, key: object, max_wait: object,
               lease: object) -> DebounceSpec:  # fmt: skip
         where = f"debounce() on task {task!r}"
-        if not is_number(wait, above=0.0) or wait > MAX_WAIT:
-            raise PolicyError(f"{where}: wait {wait!r}: expected seconds above 0, up to "
-                              f"{MAX_WAIT:g}")  # fmt: skip
+        quiet = seconds_of(where, "wait", wait, MAX_WAIT)
         if not callable(key):
             raise PolicyError(f"{where}: key {key!r}: expected a callable (args, kwargs) -> key")
-        if max_wait is not None and (
-            not is_number(max_wait, minimum=float(wait)) or max_wait > MAX_WAIT
-        ):
+        if max_wait is not None and (not is_number(max_wait, minimum=quiet) or max_wait > MAX_WAIT):
             raise PolicyError(f"{where}: max_wait {max_wait!r}: expected None or seconds from "
-                              f"wait ({float(wait):g}) to {MAX_WAIT:g}")  # fmt: skip
-        if not is_number(lease, minimum=MIN_LEASE) or lease > MAX_LEASE:
-            raise PolicyError(
-                f"{where}: lease {lease!r}: expected seconds from {MIN_LEASE:g} to {MAX_LEASE:g}"
-            )
-        return cls(float(wait), key, None if max_wait is None else float(max_wait), float(lease))
+                              f"wait ({quiet:g}) to {MAX_WAIT:g}")  # fmt: skip
+        lease = lease_of(where, lease)
+        return cls(quiet, key, None if max_wait is None else float(max_wait), lease)
 
     def describe(self) -> dict[str, Any]:
         return {"wait": self.wait, "max_wait": self.max_wait, "lease": self.lease}

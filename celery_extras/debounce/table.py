@@ -40,11 +40,10 @@ is what a worker with no store uses, and the executable form of the rules.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from ..clock import wall
-from ..coalesce.key_table import KeyState, KeyTable
+from ..keyed.table import RUN, KeyFinished, KeyState, KeyTable, KeyVerdict
 
 __all__ = [
     "REMEMBER",
@@ -88,30 +87,17 @@ class DebounceKey(KeyState[DebounceHold]):
         return super().empty() and not self.by
 
 
-@dataclass(frozen=True)
-class DebounceVerdict:
-    """What a message of a debounced key does: ``"run"``, ``"wait"`` (ask again in *due*
-    seconds) or ``"covered"`` (*by*: the id of the covering run; *ended*: that run has ended,
-    so its outcome can be copied at once)."""
-
-    kind: Literal["run", "wait", "covered"]
-    by: str = ""
-    due: float = field(default=0.0, compare=False)
-    ended: bool = field(default=False, compare=False)
+#: What a message of a debounced key does: ``"run"``, ``"wait"`` (ask again in *due*
+#: seconds) or ``"covered"`` (*by*: the id of the covering run; *ended*: that run has ended,
+#: so its outcome can be copied at once).
+DebounceVerdict = KeyVerdict
+#: A run ended (or a message was dropped): the ids it covered, the ending contexts of those
+#: confirmed (by id; one without is absent), and the delay-store entry of the *next* message
+#: if it is parked and due (the finisher makes it due at once).
+DebounceFinished = KeyFinished
 
 
-@dataclass(frozen=True)
-class DebounceFinished:
-    """A run ended (or a message was dropped): the ids it covered, the ending contexts of
-    those confirmed (by id; one without is absent), and the delay-store entry of the *next*
-    message if it is parked and due (the finisher makes it due at once)."""
-
-    covered: list[str]
-    contexts: dict[str, str] = field(default_factory=dict)
-    parked: str = ""
-
-
-_RUN = DebounceVerdict("run")
+_RUN = RUN
 
 
 def due_of(now: float, first: float, wait: float, max_wait: float | None) -> float:
@@ -127,21 +113,17 @@ class DebounceTable(KeyTable[DebounceKey]):
         super().__init__(DebounceKey, clock)
 
     @staticmethod
-    def _cover(state: DebounceKey, run_id: str, covered: str) -> None:
-        if covered != run_id and state.by.get(covered) != run_id:
-            state.covered.setdefault(run_id, []).append(covered)
-            state.by[covered] = run_id
+    def _cover(state: DebounceKey, run_id: str, covered: str) -> DebounceVerdict:
+        """As the base's; a covered orphan is no orphan any more."""
         if covered in state.orphans:
             state.orphans.remove(covered)
+        return KeyTable._cover(state, run_id, covered)
 
     def _start(self, state: DebounceKey, nxt: DebounceHold, holder: str, lease: float,
                retries: int) -> DebounceVerdict:  # fmt: skip
         state.run = DebounceHold(nxt.id, holder, self.clock() + lease, nxt.sent, retries=retries)
         state.waiting = None
-        for orphan in list(state.orphans):
-            if orphan != nxt.id:
-                self._cover(state, nxt.id, orphan)
-        state.orphans.clear()
+        self._adopt_orphans(state, nxt.id)
         return _RUN
 
     def _waits(self, state: DebounceKey, nxt: DebounceHold) -> DebounceVerdict:
@@ -169,11 +151,9 @@ class DebounceTable(KeyTable[DebounceKey]):
                 max_wait: float | None, lease: float, retries: int) -> DebounceVerdict:  # fmt: skip
         run, nxt = state.run, state.waiting
         now = self.clock()
-        if run is not None and run.id == mid:
-            if run.holder in ("", holder) or retries > run.retries:
-                run.holder, run.until, run.retries = holder, now + lease, max(retries, run.retries)
-                return _RUN  # the run itself, asked again, or going on (a retry, a park)
-            return DebounceVerdict("covered", mid)  # a second delivery of a live run
+        own = self._own_run(state, mid, holder, lease, retries)
+        if own is not None:
+            return own
         by = state.by.get(mid)
         if by is not None:
             if (run is not None and run.id == by) or (nxt is not None and nxt.id == by):
@@ -211,12 +191,10 @@ class DebounceTable(KeyTable[DebounceKey]):
         """Run *mid* ended: what it covered, or ``None`` when it was no longer the key's run
         (its lease ran out: another run covers its ids). Its unconfirmed ids are remembered
         as covered by it (see the module's docstring)."""
-        state = self._state(key)
-        run = state.run
-        if run is None or run.id != mid or run.holder != holder:
-            self._drop_if_empty(key, state)
+        run = self._state(key).run
+        state = self._ended(key, mid, holder)
+        if state is None or run is None:
             return None
-        state.run = None
         state.last = DebounceHold(mid, holder, self.clock() + REMEMBER, run.sent)
         covered = state.covered.pop(mid, [])
         contexts: dict[str, str] = {}
@@ -229,14 +207,10 @@ class DebounceTable(KeyTable[DebounceKey]):
         nxt = state.waiting
         parked = nxt.entry if nxt is not None and nxt.due <= self.clock() else ""
         self._drop_if_empty(key, state)
-        return DebounceFinished(covered, contexts, parked)
+        return DebounceFinished(covered, parked, contexts)
 
-    def park_next(self, key: Hashable, mid: str, holder: str, entry: str, seconds: float,
-                  lease: float) -> bool:  # fmt: skip
-        """The *next* message *mid* was parked in the delay store as *entry*, due in
-        *seconds*: its hold lasts *seconds* + *lease* for whichever worker receives it.
-        ``False`` if it was no longer *holder*'s."""
-        return self._park(key, mid, holder, entry, seconds, lease)
+    #: the *next* message *mid* was parked in the delay store (see :meth:`KeyTable.park`)
+    park_next = KeyTable.park
 
     def drop(self, key: Hashable, mid: str) -> DebounceFinished | None:
         """Celery discarded message *mid* (revoked, expired) before it ran: were it the
@@ -259,7 +233,7 @@ class DebounceTable(KeyTable[DebounceKey]):
             else:
                 state.run = None
             self._drop_if_empty(key, state)
-            return DebounceFinished(confirmed, contexts)
+            return DebounceFinished(confirmed, "", contexts)
         by = state.by.get(mid)
         live = [h.id for h in (state.run, state.waiting) if h is not None]
         if by is not None and by not in live:

@@ -1,4 +1,4 @@
--- Follows now_ms.lua and key_holds.lua, followed by key_ops.lua. The rules of
+-- Follows now_ms.lua, key_holds.lua and key_cover.lua, followed by key_ops.lua. The rules of
 -- celery_extras/coalesce/table.py, for one key.
 -- KEYS[1]: the key's hash: run, wait (JSON {id, h (holder), u (lease end ms), c (cutoff ms),
 -- r (retries), e (the waiting run's delay-store entry, when parked)}), last (the last run
@@ -22,61 +22,24 @@
 -- Each write sets the keys' TTL to the longest lease + a day (orphans wait that long).
 
 local function hold(field) return held(field, {'c', 'r'}) end
--- The contexts of *ids* ('' where none), taken out of the key.
-local function take_contexts(ids)
-  local contexts = {}
-  for _, batch in ipairs(batches(ids, '')) do
-    local got = redis.call('HMGET', x, unpack(batch))
-    for i = 1, #batch do table.insert(contexts, got[i] or '') end
-    redis.call('HDEL', x, unpack(batch))
-  end
-  return contexts
-end
-local function orphan(id)
-  local ids = release(id)
-  table.insert(ids, id)
-  for _, one in ipairs(ids) do
-    redis.call('HDEL', h, 'b:' .. one)
-    if not orphaned(one) then table.insert(orphans, one) end
-  end
-end
-
 local run, wait, last = hold('run'), hold('wait'), hold('last')
 if run and run.u <= now then orphan(run.id); run = nil end
 if wait and wait.u <= now then orphan(wait.id); wait = nil end
-
-local function cover(run_id, id)
-  if id ~= run_id and redis.call('HGET', h, 'b:' .. id) ~= run_id then
-    redis.call('RPUSH', h .. ':c:' .. run_id, id)
-    redis.call('HSET', h, 'b:' .. id, run_id)
-  end
-  return {'covered', run_id}
-end
 
 local function save(longest) write_holds({'run', 'wait'}, {run, wait}, longest) end
 
 local function start(lease, retries)
   run = {id = mid, h = holder, u = now + lease, c = now, r = retries}
-  for _, o in ipairs(orphans) do
-    if o ~= mid then cover(mid, o) end
-  end
-  orphans = {}
+  adopt_orphans(mid)
   return {'run', ''}
 end
 
 local reply
 if op == 'ask' then
   local sent, lease, keep, retries = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
-  task_key = {ARGV[8], ARGV[9]}
-  local by = redis.call('HGET', h, 'b:' .. mid)
-  if run and run.id == mid then
-    if run.h == '' or run.h == holder or retries > run.r then
-      run.h, run.u = holder, now + lease
-      if retries > run.r then run.r = retries end
-      reply = {'run', ''}
-    else
-      reply = {'covered', mid}
-    end
+  local by
+  reply, by = begin_ask(run, lease, retries, 8)
+  if reply then  -- its own run
   elseif by then
     reply = {'covered', by}
   elseif wait and wait.id == mid then
@@ -108,20 +71,10 @@ if op == 'ask' then
     wait = {id = mid, h = holder, u = now + lease}
     reply = {'wait', '', run.u - now}
   end
-  local context = ARGV[10]
-  if reply[1] == 'covered' and reply[2] ~= mid and not reply[4] and context and context ~= ''
-      and #context <= MAX_CONTEXT then
-    redis.call('HSET', x, mid, context)
-  end
-  save(lease)
-  return reply
+  return answered(reply, ARGV[10], save, lease)
 elseif op == 'finish' then
-  if not run or run.id ~= mid or run.h ~= holder then
-    save(0)
-    return {}
-  end
-  local covered = release(mid)
-  local contexts = take_contexts(covered)
+  local covered, contexts = end_run(run, save)
+  if not covered then return {} end
   redis.call('HSET', h, 'last', cjson.encode({id = run.id, c = run.c, u = now}))
   run = nil
   save(0)

@@ -35,11 +35,10 @@ local function orphan(id)
     if not orphaned(one) then table.insert(orphans, one) end
   end
 end
+local cover_id = cover
+-- As key_holds.lua's cover; a covered orphan is no orphan any more.
 local function cover(run_id, id)
-  if id ~= run_id and redis.call('HGET', h, 'b:' .. id) ~= run_id then
-    redis.call('RPUSH', h .. ':c:' .. run_id, id)
-    redis.call('HSET', h, 'b:' .. id, run_id)
-  end
+  cover_id(run_id, id)
   local i = orphaned(id)
   if i then table.remove(orphans, i) end
 end
@@ -62,11 +61,7 @@ local function save(longest) write_holds({'run', 'next'}, {run, nxt}, longest) e
 
 local function start(lease, retries)
   run = {id = nxt.id, h = holder, u = now + lease, s = nxt.s, q = nxt.q, r = retries}
-  local all = orphans
-  orphans = {}
-  for _, o in ipairs(all) do
-    if o ~= nxt.id then cover(nxt.id, o) end
-  end
+  adopt_orphans(nxt.id)
   nxt = nil
   return {'run', ''}
 end
@@ -78,17 +73,8 @@ end
 if op == 'ask' then
   local sent, wait, max_wait = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
   local lease, retries = tonumber(ARGV[7]), tonumber(ARGV[8])
-  task_key = {ARGV[9], ARGV[10]}
-  local by = redis.call('HGET', h, 'b:' .. mid)
-  local reply
-  if run and run.id == mid then
-    if run.h == '' or run.h == holder or retries > run.r then
-      run.h, run.u = holder, now + lease
-      if retries > run.r then run.r = retries end
-      reply = {'run', ''}
-    else
-      reply = {'covered', mid}  -- a second delivery of a live run
-    end
+  local reply, by = begin_ask(run, lease, retries, 9)
+  if reply then  -- its own run
   elseif by then
     if (run and run.id == by) or (nxt and nxt.id == by) then
       reply = {'covered', by}

@@ -103,3 +103,37 @@ local function write_holds(fields, holds, longest)
     if holds[i] then redis.call('PEXPIRE', h .. ':c:' .. holds[i].id, ttl) end
   end
 end
+-- *run* (a hold, or nil) asked about by message *mid*: {'run', ''} when it is the run still
+-- (its own ask again, a retry, or going on elsewhere: held by *holder* now, for *lease* ms),
+-- {'covered', mid} for a second delivery of a live run, nil when *mid* is not the run.
+local function own_run(run, lease, retries)
+  if not run or run.id ~= mid then return nil end
+  if run.h == '' or run.h == holder or retries > run.r then
+    run.h, run.u = holder, now + lease
+    if retries > run.r then run.r = retries end
+    return {'run', ''}
+  end
+  return {'covered', mid}
+end
+-- The start of an ask (*task_at*: where its task and key are in ARGV): the task and key
+-- noted, then own_run's reply and the run covering *mid* (its b: field), if any.
+local function begin_ask(run, lease, retries, task_at)
+  task_key = {ARGV[task_at], ARGV[task_at + 1]}
+  return own_run(run, lease, retries), redis.call('HGET', h, 'b:' .. mid)
+end
+-- *id* is covered by *run_id* (its list, and the field b:<id> naming it) -> {'covered', run_id}.
+local function cover(run_id, id)
+  if id ~= run_id and redis.call('HGET', h, 'b:' .. id) ~= run_id then
+    redis.call('RPUSH', h .. ':c:' .. run_id, id)
+    redis.call('HSET', h, 'b:' .. id, run_id)
+  end
+  return {'covered', run_id}
+end
+-- The key's new run *run_id* covers the orphans.
+local function adopt_orphans(run_id)
+  local all = orphans
+  orphans = {}
+  for _, o in ipairs(all) do
+    if o ~= run_id then cover(run_id, o) end
+  end
+end

@@ -67,6 +67,7 @@ COUNTERS = (
     "shadow_limited",
     "batched",
     "debounced",
+    "memoized",
 )
 (
     RECEIVED,
@@ -85,6 +86,7 @@ COUNTERS = (
     SHADOW_LIMITED,
     BATCHED,
     DEBOUNCED,
+    MEMOIZED,
 ) = range(len(COUNTERS))
 #: The runtime percentiles reported, as ``p<n>`` keys.
 PERCENTILES = (50, 95, 99)

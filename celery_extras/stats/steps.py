@@ -15,7 +15,7 @@ Where each counter comes from (all in the main process, for every pool):
 * ``succeeded``, ``failed`` too: each call of a batch (``batch()``), as it ends; ``batched``:
   each batch, as it goes to the pool (:data:`~celery_extras.signals.task_batched`).
 * ``rate_limited``, ``parked``, ``released``, ``concurrency_limited``, ``coalesced``,
-  ``shadow_limited``, ``debounced``:
+  ``shadow_limited``, ``debounced``, ``memoized``:
   the signals of :mod:`celery_extras.signals` of those names.
 * ``ignored``: a task raising :class:`~celery.exceptions.Ignore` (the pool callbacks).
 * ``rejected`` too: messages of unknown tasks (``task_unknown``) and messages Celery
@@ -41,6 +41,7 @@ from ..signals import (
     task_concurrency_limited,
     task_covered_ended,
     task_debounced,
+    task_memoized,
     task_parked,
     task_rate_limited,
     task_released,
@@ -53,6 +54,7 @@ from .recorder import (
     CONCURRENCY_LIMITED,
     DEBOUNCED,
     FAILED,
+    MEMOIZED,
     PARKED,
     RATE_LIMITED,
     REJECTED,
@@ -90,6 +92,7 @@ class _Receivers:
             (task_batched, self.on_batched, f"{uid}.batched"),
             (task_shadow_limited, self.on_shadow_limited, f"{uid}.shadow_limited"),
             (task_debounced, self.on_debounced, f"{uid}.debounced"),
+            (task_memoized, self.on_memoized, f"{uid}.memoized"),
         ]
 
     def connect(self) -> None:
@@ -153,6 +156,9 @@ class _Receivers:
 
     def on_debounced(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         self._count_named(sender, request, DEBOUNCED)
+
+    def on_memoized(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        self._count_named(sender, request, MEMOIZED)
 
 
 class StatsRecording(bootsteps.StartStopStep):

@@ -23,10 +23,10 @@ from celery import Celery
 from kombu.transport.virtual import Channel
 
 from .. import clock, compat
+from ..admission.gate import Gate
 from ..admission.pipeline import PIPELINE_ATTR
 from ..admission.serial import serial
 from ..batch.gate import BatchGate
-from ..debounce.gate import DebounceGate
 from ..delay.mover_thread import app_mover
 from ..delay.parking import Parker
 from ..delay.redis_store import RedisDelayStore
@@ -128,8 +128,8 @@ class SettlingWorker:
         self._probe = LoopProbe(hub) if hub is not None else None
 
     def next_due(self) -> float | None:
-        """The earliest parked wait, open batch's wait or debounced message's wait (its
-        quiet period) of the worker (wall time)."""
+        """The earliest parked wait, open batch's wait or gate's wait (a debounced message's
+        quiet period: ``Gate.next_due()``) of the worker (wall time)."""
         store = cast("RedisDelayStore", self.parker.store)
         client = redis_client(self.app, background=True)
         firsts = [client.zrange(shard.key("due"), 0, 0, withscores=True)
@@ -140,32 +140,36 @@ class SettlingWorker:
         return min(dues, default=None)
 
     def _gate_dues(self) -> list[float]:
-        """When the worker's open batches and debounced messages are due (monotonic)."""
-        batches, debounce = self._gate(BatchGate), self._gate(DebounceGate)
+        """When the worker's open batches and its gates' waits are due (monotonic)."""
+        batches = self._gate(BatchGate)
         dues = [batches.table.next_due() if batches is not None else None,
-                debounce.waiting.next_due() if debounce is not None else None]  # fmt: skip
+                *(gate.next_due() for gate in self._gates())]  # fmt: skip
         return [due for due in dues if due is not None]
 
     def release_due(self) -> None:
         while self.mover.run_once() == 0.0:  # a parked batch: more may be due
             pass
         loop = serial(self.controller.consumer)
-        batches, debounce = self._gate(BatchGate), self._gate(DebounceGate)
+        batches = self._gate(BatchGate)
         if batches is not None:  # batches whose wait passed run, on the worker's loop
             loop.call_after(0.0, batches.flush_due)
-        if debounce is not None:  # debounced messages whose wait passed ask again, there too
-            loop.call_after(0.0, debounce.ask_due)
+        for gate in self._gates():  # gates' waits that passed (debounced messages), there too
+            if gate.next_due() is not None:
+                loop.call_after(0.0, gate.run_due)
         if self._probe is not None:
             self._probe.wake()
 
     def _batches(self) -> BatchGate | None:
         return self._gate(BatchGate)
 
+    def _gates(self) -> tuple[Gate, ...]:
+        """The gates of the worker's pipeline (none without one)."""
+        pipeline = getattr(self.controller.consumer, PIPELINE_ATTR, None)
+        return tuple(pipeline.gates) if pipeline is not None else ()
+
     def _gate(self, kind: type[G]) -> G | None:
         """The worker's gate of class *kind*, if its pipeline has one."""
-        pipeline = getattr(self.controller.consumer, PIPELINE_ATTR, None)
-        gates = pipeline.gates if pipeline is not None else ()
-        return next((gate for gate in gates if isinstance(gate, kind)), None)
+        return next((gate for gate in self._gates() if isinstance(gate, kind)), None)
 
     def settle(self) -> None:
         deadline = time.monotonic() + self.settle_timeout
@@ -211,10 +215,10 @@ class SettlingWorker:
         due = batches.table.next_due() if batches is not None else None
         if due is not None and due <= clock.monotonic():
             return "a batch due"
-        debounce = self._gate(DebounceGate)
-        due = debounce.waiting.next_due() if debounce is not None else None
-        if due is not None and due <= clock.monotonic():
-            return "a debounced message due"
+        for gate in self._gates():
+            due = gate.next_due()
+            if due is not None and due <= clock.monotonic():
+                return f"a wait of the {gate.label} gate due"
         running, reserved = (
             self._own(compat.active_requests()),
             self._own(compat.reserved_requests()),

@@ -195,6 +195,24 @@ def send(cluster: Cluster) -> Callable[..., Any]:
 
 
 @contextmanager
+def workers_for_module(broker: str, workdir: Path, include: tuple[str, ...],
+                       **conf: Any) -> Iterator[Cluster]:  # fmt: skip
+    """Two workers (``w1``, ``w2``) of *include* on *broker* with *conf*, started together,
+    for a whole test module (each test on keys of its own); its journal cleared after."""
+    cluster = Cluster(require_broker(broker), f"t{uuid.uuid4().hex[:10]}", workdir)
+    cluster.configure(include=include, **conf)
+    try:
+        for name in ("w1", "w2"):
+            cluster.worker(name, start=False).start(wait=False)
+        for worker in cluster.workers:
+            worker.wait_ready()
+        yield cluster
+    finally:
+        cluster.stop()
+        Journal(cluster.ns).clear()
+
+
+@contextmanager
 def restartable_cluster(kind: str, ns: str, workdir: Path) -> Iterator[tuple[Cluster, Restartable]]:
     """A cluster on a broker the test may stop and restart (see ``restartable_broker``);
     its workers are stopped, and the broker is running again, afterwards."""

@@ -25,8 +25,7 @@ from celery.result import AsyncResult
 
 # imported here too: the producer stamps the send time of the coalesced tasks it knows
 import tests.support.tasks_canvas as tasks
-from tests.integration.conftest import Cluster
-from tests.support.brokers import require_broker
+from tests.integration.conftest import Cluster, workers_for_module
 from tests.support.journal import Journal
 from tests.support.workers import wait_for
 
@@ -41,19 +40,10 @@ def canvas(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     """Two workers of the canvas tasks on one broker, for the whole module."""
-    ns = f"t{uuid.uuid4().hex[:10]}"
-    cluster = Cluster(require_broker(request.param), ns, Path(tmp_path_factory.mktemp("canvas")))
-    cluster.configure(include=INCLUDE, extras_eta_store=True, extras_eta_threshold=0.5,
-                      extras_limit_max_hold=0.2)  # fmt: skip
-    try:
-        for name in ("w1", "w2"):
-            cluster.worker(name, start=False).start(wait=False)
-        for worker in cluster.workers:
-            worker.wait_ready()
+    with workers_for_module(request.param, Path(tmp_path_factory.mktemp("canvas")), INCLUDE,
+                            extras_eta_store=True, extras_eta_threshold=0.5,
+                            extras_limit_max_hold=0.2) as cluster:  # fmt: skip
         yield cluster
-    finally:
-        cluster.stop()
-        Journal(ns).clear()
 
 
 def step(app: Celery, column: str, *args: Any, fail: bool = False) -> Signature:

@@ -29,7 +29,9 @@ def test_installed_worker_runs_tasks_and_reports_itself(
         what="inspect stats",
     )
     installed = stats[worker.hostname]["extras_install"]
-    assert installed["capabilities"] == ["sync", "policies", "delay", "consumer", "stats"]
+    assert installed["capabilities"] == [
+        "sync", "policies", "delay", "consumer", "priority", "stats"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("broker", ["redis"], indirect=True)  # one worker start: CI time

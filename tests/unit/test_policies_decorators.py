@@ -169,6 +169,7 @@ BARE = [
     (celery_extras.coalesce, "@coalesce(key=lambda args, kwargs: args[0])"),
     (celery_extras.debounce, "@debounce(5.0, key=lambda args, kwargs: args[0])"),
     (celery_extras.batch, "@batch(100, wait=1.0)"),
+    (celery_extras.memoize, "@memoize(60.0)"),
     (celery_extras.retry_policy, "@retry_policy(policy=ExponentialBackoff(base=1, cap=60))"),
 ]
 
@@ -189,7 +190,7 @@ def test_a_policy_decorator_used_bare_fails_naming_the_fix(
 
 
 def test_every_policy_decorator_is_checked_for_bare_use() -> None:
-    policies = {"limit", "concurrency", "coalesce", "debounce", "batch", "retry_policy"}
+    policies = {"limit", "concurrency", "coalesce", "debounce", "batch", "memoize", "retry_policy"}
     assert {d.__name__ for d, _ in BARE} == policies
     assert {p.decorator.rstrip("()") for p in registered()} <= policies
 

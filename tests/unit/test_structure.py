@@ -23,8 +23,8 @@ POLICY_PACKAGES = sorted(p.parent.name for p in PACKAGE.glob("*/policy.py")
 #: package besides each other.
 PURE = (
     "limits/token_bucket.py", "limits/rate.py", "limits/all_of.py", "limits/local_buckets.py",
-    "concurrency/slot_table.py", "coalesce/key_table.py", "coalesce/table.py",
-    "debounce/table.py", "batch/table.py", "batch/call.py",
+    "concurrency/slot_table.py", "keyed/table.py", "coalesce/table.py",
+    "debounce/table.py", "memoize/table.py", "batch/table.py", "batch/call.py",
     "retries/policies.py", "retries/failure_memory.py", "stats/timewheel.py",
     "stats/histogram.py", "consumer/weighted_cycle.py", "sync/state.py", "sync/entries.py",
     "sync/digest.py", "delay/entry.py", "threads.py",
@@ -52,9 +52,11 @@ def imports(path: Path) -> Iterator[tuple[int, str]]:
 
 def test_every_registered_policy_has_its_package() -> None:
     assert sorted(p.name for p in POLICIES) == sorted(
-        {"limits": "limits", "concurrency": "concurrency", "coalesce": "coalesce",
-         "batch": "batch", "retries": "retry", "debounce": "debounce"}[folder]
+        name
         for folder in POLICY_PACKAGES
+        for name in {"limits": ("limits",), "concurrency": ("concurrency", "queue_concurrency"),
+                     "coalesce": ("coalesce",), "batch": ("batch",), "retries": ("retry",),
+                     "debounce": ("debounce",), "memoize": ("memoize",)}[folder]
     )  # fmt: skip
 
 

@@ -1,5 +1,5 @@
-"""What a policy that holds a key for its run (coalescing, debounce) keeps in the worker:
-each hold, its lease renewed every third of the lease while the run goes on, and how
+"""What a policy that holds a key for its run (coalescing, debounce, memoize) keeps in the
+worker: each hold, its lease renewed every third of the lease while the run goes on, and how
 the run's end reaches the messages it covered (the outcome the worker saw, each covered
 message with its stored context).
 """
@@ -15,13 +15,13 @@ from celery import Celery, states
 from celery.exceptions import TaskRevokedError
 
 from .. import compat
+from ..admission.covered import CoveredMessage, Outcome, decode_context
+from ..admission.gate import Ticket
+from ..admission.notices import Bucket, ReleaseNotices
+from ..admission.spec import call_key
 from ..store.client import redis_client, store_key, store_safety, store_url
 from ..store.health import StoreUser
 from ..store.safety import COALESCING
-from .covered import CoveredMessage, Outcome, decode_context
-from .gate import Ticket
-from .notices import Bucket, ReleaseNotices
-from .spec import call_key
 
 __all__ = [
     "Covering",
@@ -34,7 +34,7 @@ __all__ = [
     "revoked_outcome",
 ]
 
-logger = logging.getLogger("celery_extras.admission")
+logger = logging.getLogger("celery_extras.keyed")
 
 S = TypeVar("S")
 R = TypeVar("R")
