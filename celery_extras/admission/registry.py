@@ -81,7 +81,8 @@ def target_of(task: Any) -> tuple[Callable[..., Any], str]:
             return fun, str(task.name)
     raise TypeError(
         f"{task!r} is not a Celery task: put limit()/retry_policy() above @app.task or "
-        f"@shared_task (as every policy: {', '.join(p.decorator for p in registered())})"
+        f"@shared_task (as every policy: "
+        f"{', '.join(p.decorator for p in registered() if p.decorator.endswith('()'))})"
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..admission.spec import PolicyError
+from ..bounds import shown
 from .spec import ConcurrencySpec
 
 __all__ = ["BUCKET_PREFIX", "SETTING", "bucket_name", "normalised", "queue_caps"]
@@ -51,7 +52,7 @@ def queue_caps(key: str, value: Any) -> dict[str, ConcurrencySpec]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(q, str) and q for q in value):
-        raise PolicyError(f"{key}: expected {_EXPECTED}, got {value!r}")
+        raise PolicyError(f"{key}: expected {_EXPECTED}, got {shown(value)}")
     return {queue: _spec(key, queue, cap) for queue, cap in value.items()}
 
 

@@ -25,7 +25,7 @@ QUEUE_CONCURRENCY = Policy(
             "each worker, whatever the task; ``{'slow': {'limit': 10, 'scope': 'global'}}`` "
             "at most 10 across the cluster, on ``concurrency()``'s leased slots (``'lease'``: "
             "seconds, default 30). A task waiting for its queue's slot holds no pool process "
-            "and does not clog the prefetch window (:doc:`queues`).",
+            "and does not clog the prefetch window (:doc:`/queues`).",
         ),
     ),
 )

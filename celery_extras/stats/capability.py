@@ -78,7 +78,7 @@ STATS = Capability(
             "Read, once per ``extras_stats_interval``, each queue's depth on the broker and "
             "the age of its oldest message (Redis only), for every queue the worker consumes "
             "and every queue in ``task_queues``: one broker read per queue per interval "
-            "(:doc:`queues`).",
+            "(:doc:`/queues`).",
         ),
     ),
     worker_steps=(StatsRecording,),

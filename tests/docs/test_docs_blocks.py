@@ -108,6 +108,19 @@ def run_python(block: Block, page: Page) -> None:
             assert policies_of(page.app.tasks[name]) is not None, name
 
 
+def celerys_own_only() -> set[Any]:
+    """Keep only Celery's built-in tasks among the tasks shared with every new app (not what
+    other tests of this process shared: their names showed in the CLI's lists), and return
+    what was there, for the caller to restore."""
+    from celery import _state
+
+    before = set(_state._on_app_finalizers)
+    _state._on_app_finalizers.intersection_update(
+        {f for f in before if getattr(f, "__module__", "") == "celery.app.builtins"}
+    )
+    return before
+
+
 def python(fresh: Callable[[], Celery] | None = None, **names: Any) -> Callable[..., None]:
     """Run the block with *names* added to the page's namespace first, and as its ``app``
     a *fresh* one (which gets no task the page's earlier blocks shared)."""
@@ -434,7 +447,8 @@ def docs_worker(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
 def test_the_blocks_of_a_page_run_as_written(page: str, request: pytest.FixtureRequest) -> None:
     from celery import _state
 
-    shared = set(_state._on_app_finalizers)  # a page's tasks are not the next page's
+    before = celerys_own_only()  # a page's tasks are not the next page's, nor others' its
+    shared = set(_state._on_app_finalizers)
     prefix = f"docs-{uuid.uuid4().hex[:8]}"
     state = Page(page, {"__name__": "proj", "app": docs_app(prefix=prefix)}, shared)
     if page in WITH_WORKER:
@@ -445,7 +459,8 @@ def test_the_blocks_of_a_page_run_as_written(page: str, request: pytest.FixtureR
                       *blocks_of(DOCS / page)]:  # fmt: skip
             CHECKS[checks_of(block)[0]](block, state)
     finally:
-        _state._on_app_finalizers.intersection_update(shared)
+        _state._on_app_finalizers.clear()
+        _state._on_app_finalizers.update(before)
         store = _redis()
         for key in store.scan_iter(f"{prefix}*"):  # what the page's commands stored
             store.delete(key)
@@ -487,12 +502,14 @@ def test_the_readme_s_example_runs_as_written() -> None:
 
     found = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert len(found) == 1
-    shared = set(_state._on_app_finalizers)
-    page = Page("README.md", {"__name__": "proj", "app": plain_app()}, shared)
+    before = celerys_own_only()
+    own = set(_state._on_app_finalizers)
+    page = Page("README.md", {"__name__": "proj", "app": plain_app()}, own)
     try:
         run_python(Block("README.md", 1, "python", found[0]), page)
     finally:
-        _state._on_app_finalizers.intersection_update(shared)
+        _state._on_app_finalizers.clear()
+        _state._on_app_finalizers.update(before)
     assert sorted(name for name in page.app.tasks if name.startswith("proj.")) == [
         "proj.fetch",
         "proj.sync_account",

@@ -59,8 +59,11 @@ def test_bad_arguments_name_the_task_and_the_argument(
 
 
 def test_it_composes_with_the_other_policies_and_its_gate_comes_right_after_coalescing() -> None:
+    from celery import _state
+
     app = Celery("unit-compose", broker="memory://", set_as_current=False)
     celery_extras.install(app)
+    shared = set(_state._on_app_finalizers)  # the shared task is not the next apps' (docs)
 
     @debounce(1.0, key=key, max_wait=5.0)
     @coalesce(key=key)
@@ -69,6 +72,7 @@ def test_it_composes_with_the_other_policies_and_its_gate_comes_right_after_coal
     def debounced(x: str) -> None: ...
 
     app.finalize()
+    _state._on_app_finalizers.intersection_update(shared)
     task = app.tasks["unit.debounced"]
     policies = policies_of(task)
     assert policies is not None and policies.debounce == DebounceSpec(1.0, key, 5.0, 30.0)
