@@ -32,7 +32,7 @@ from tests.support.brokers import REDIS_URL, require_broker
 from tests.support.workers import WorkerProcess, wait_for
 
 from .runs import Cluster, cpu_seconds, send_each
-from .stats import Drainer, pair_ratios
+from .stats import Drainer, alternate, pair_ratios
 from .table import Row
 
 __all__ = ["measure"]
@@ -95,19 +95,7 @@ def drains(pairs: int, logdir: Path) -> tuple[Drainer, Drainer]:
     broker = require_broker("redis")
     plain = PriorityDrainer(broker, True, logdir)
     extras = PriorityDrainer(broker, False, logdir, conf={"extras_priority": True})
-    try:
-        plain.start()
-        extras.start()
-        for pair in range(pairs):
-            order = (plain, extras) if pair % 2 == 0 else (extras, plain)
-            for side, other in (order, order[::-1]):
-                side.drain(DRAIN, other.worker)
-        plain.check()
-        extras.check()
-    finally:
-        plain.stop()
-        extras.stop()
-    return plain, extras
+    return alternate(plain, extras, pairs, DRAIN)
 
 
 def level_cost_us(levels: int, rounds: int = 2000) -> float:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Celery
 from celery.result import AsyncResult
@@ -230,24 +230,32 @@ class Drainer:
         self.app.close()
 
 
-def throughput(broker_name: str, logdir: Path) -> tuple[Drainer, Drainer]:
-    """Plain and extras drainers after :data:`PAIRS` alternating pairs of drains."""
-    broker = require_broker(broker_name)
-    plain = Drainer(broker, True, logdir)
-    extras = Drainer(broker, False, logdir)
+D = TypeVar("D", bound=Drainer)
+
+
+def alternate(plain: D, extras: D, pairs: int, tasks: int) -> tuple[D, D]:
+    """*plain* and *extras* started, each draining *tasks* in *pairs* pairs of drains (who
+    goes first alternates, the other's worker idle meanwhile), checked and stopped."""
     try:
         plain.start()
         extras.start()
-        for pair in range(PAIRS):
+        for pair in range(pairs):
             order = (plain, extras) if pair % 2 == 0 else (extras, plain)
             for side, other in (order, order[::-1]):
-                side.drain(BACKLOG[broker_name], other.worker)
+                side.drain(tasks, other.worker)
         plain.check()
         extras.check()
     finally:
         plain.stop()
         extras.stop()
     return plain, extras
+
+
+def throughput(broker_name: str, logdir: Path) -> tuple[Drainer, Drainer]:
+    """Plain and extras drainers after :data:`PAIRS` alternating pairs of drains."""
+    broker = require_broker(broker_name)
+    return alternate(Drainer(broker, True, logdir), Drainer(broker, False, logdir), PAIRS,
+                     BACKLOG[broker_name])  # fmt: skip
 
 
 class CountedDrainer(Drainer):
