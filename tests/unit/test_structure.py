@@ -27,7 +27,7 @@ PURE = (
     "debounce/table.py", "memoize/table.py", "batch/table.py", "batch/call.py",
     "retries/policies.py", "retries/failure_memory.py", "stats/timewheel.py",
     "stats/histogram.py", "consumer/weighted_cycle.py", "sync/state.py", "sync/entries.py",
-    "sync/digest.py", "delay/entry.py", "threads.py",
+    "sync/digest.py", "delay/entry.py", "threads.py", "priority/buffer.py",
 )  # fmt: skip
 PURE_HELPERS = ("clock.py", "checks.py", "bounds.py")
 
