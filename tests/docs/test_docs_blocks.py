@@ -15,7 +15,6 @@ order, one namespace per page, around a real installed app (``app``, module ``pr
   tasks they name must exist.
 * Output shown to be read, not copied, is named as such with what checks it.
 
-The pages other helpers write now (:data:`NOT_YET`) are left out, listed by name.
 """
 
 from __future__ import annotations
@@ -43,7 +42,6 @@ from tests.docs.blocks import DOCS, Block, blocks_of, commands, python_blocks
 
 ROOT = DOCS.parent
 #: pages written by others at the moment, whose blocks are not checked here yet
-NOT_YET = re.compile(r"(architecture|priority|queues|memoize|batch.*|migrat.*)\.rst")
 STORE = "redis://127.0.0.1:6379/0"
 #: the app ``celery -A tests.docs.test_docs_blocks:CLI`` loads: the page's, set per command
 CLI: Celery | None = None
@@ -275,6 +273,15 @@ def output(what_checks_it: str) -> Callable[[Block, Page], None]:
     return check
 
 
+def modules_named(block: Block, page: Page) -> None:
+    """A diagram of the code: every module it names in brackets (``(delay/gate.py)``) is
+    one of the package's."""
+    named = re.findall(r"\(([\w/]+\.py)\)", block.text)
+    assert named, f"{block.page}:{block.line}: names no module"
+    missing = [m for m in named if not (ROOT / "celery_extras" / m).is_file()]
+    assert missing == [], f"{block.page}:{block.line}: no such module {missing}"
+
+
 def the_event_shown(block: Block, page: Page) -> None:
     """The ``worker-throughput`` event as the page shows it: the counters it names are
     the recorder's first ones, in order (the page lists those added since apart), the
@@ -348,6 +355,12 @@ def _redis() -> Any:
 
 #: (page, the start of a block's first line) -> how the block is checked
 CHECKS: dict[tuple[str, str], Callable[[Block, Page], None]] = {
+    ("architecture.rst", "message ──▶ arrival gate (delay/gate.py)"): modules_named,
+    ("batch.rst", "from celery_extras import batch"): python(),
+    # a test of the testing plugin's, run as a user's by tests/integration/test_testing_plugin.py
+    ("batch.rst", "results = [index.delay(word) for word in ("): output(
+        'docs/examples/test_user_tasks.py::results = [index.delay(word) for word in ("a", "b"'
+    ),
     ("coalesce.rst", "from celery_extras import coalesce"): python(),
     ("concurrency.rst", "from celery_extras import concurrency, li"): python(),
     # plain Celery's hand-written lock, the page's "before": an app without celery-extras
@@ -373,12 +386,22 @@ CHECKS: dict[tuple[str, str], Callable[[Block, Page], None]] = {
     ),
     ("delay.rst", "$ celery -A proj extras delayed --drop pr"): Shell(),
     ("delay.rst", "figure"): output("bench/delay.py::def measure"),
+    # the included tasks' worker: tests/integration/test_memoize.py runs the same command
+    ("memoize.rst", "$ celery -A proj extras memoize --forget"): output(
+        'tests/integration/test_memoize.py::extras(memo, "memoize", "--forget", SQUARE'
+    ),
+    # celery-batches' code, shown for comparison, not to copy: its replacement runs
+    ("migrating-from-celery-batches.rst", "# celery-batches: before"): output(
+        "tests/integration/test_batch_peer.py::tasks_batch_migrated"
+    ),
     ("policies.rst", "from celery_extras import limit, retry_po"): python(),
     ("policies.rst", '@limit("10000/h", burst=10000)'): python(),
     ("policies.rst", "$ celery -A proj extras limit proj.fetch 5"): Shell(),
     ("policies.rst", "$ celery -A proj extras limit proj.call_a"): Shell(),
     ("policies.rst", "$ celery -A proj extras limit proj.fech 50"): Shell(),
     ("policies.rst", "$ celery -A proj extras limit --show"): Shell(),
+    ("priority.rst", "app.conf.extras_priority = True"): python(),
+    ("queues.rst", "app.conf.extras_queue_concurrency = {"): python(),
     ("quickstart.rst", "pip install -e ."): Shell(),
     ("quickstart.rst", "from celery import Celery"): python(),
     ("quickstart.rst", 'celery_extras.install(app, key_prefix="pr'): python(),
@@ -398,7 +421,7 @@ CHECKS: dict[tuple[str, str], Callable[[Block, Page], None]] = {
 
 
 def pages() -> list[Path]:
-    return [p for p in sorted(DOCS.glob("*.rst")) if not NOT_YET.fullmatch(p.name)]
+    return sorted(DOCS.glob("*.rst"))
 
 
 def checks_of(block: Block) -> list[tuple[str, str]]:
@@ -516,8 +539,20 @@ def test_the_readme_s_example_runs_as_written() -> None:
     ]
 
 
+PEER = "tests/integration/test_batch_peer.py"
+FIGURES = "tests/integration/test_queue_figures.py"  # checks the examples' metric names
 #: what each page's ``literalinclude`` shows -> the test that runs (or writes) it
 INCLUDED = {
+    "../celery_extras/memoize/gate.py": "tests/integration/test_memoize.py::memoize",
+    "../celery_extras/memoize/decorator.py": "tests/integration/test_memoize.py::memoize",
+    "../celery_extras/memoize/policy.py": "tests/integration/test_memoize.py::memoize",
+    "../celery_extras/policies.py": "tests/unit/test_structure.py::policies",
+    "../tests/support/tasks_memoize.py": "tests/integration/test_memoize.py::tasks_memoize",
+    "../tests/support/tasks_batch_migrated.py": f"{PEER}::tasks_batch_migrated",
+    **{
+        f"examples/queues/{name}": f"{FIGURES}::{name}"
+        for name in ("keda-scaledobject.yaml", "hpa.yaml", "prometheus-adapter.yaml")
+    },
     "examples/fair_consumer.py": "tests/docs/test_docs_blocks.py::fair_consumer.py",
     "examples/test_user_tasks.py": 'tests/integration/test_testing_plugin.py::glob("test_*.py")',
     "examples/test_user_config.py": 'tests/integration/test_testing_plugin.py::glob("test_*.py")',
