@@ -823,9 +823,9 @@ def restore_interval(connection: Any) -> float:
     loop timer has them: ``unacked_restore_interval`` (kombu 5.7), else 10."""
     from kombu.transport.redis import Channel
 
-    default = float(getattr(Channel, "unacked_restore_interval", RESTORE_INTERVAL))
     if not hasattr(Channel, "unacked_restore_interval"):
-        return default
+        return RESTORE_INTERVAL
+    default = float(Channel.unacked_restore_interval)
     interval = connection.transport_options.get("unacked_restore_interval", default)
     return float(interval) if is_number(interval) and float(interval) > 0 else default
 

@@ -193,7 +193,7 @@ class ArrivalGate:
 
     def _park_eta(self, consumer: Any, name: str, message: Any, ack: Any) -> bool:
         delay = _seconds_until(message.headers.get("eta"), self.wall())
-        doubted = self._in_doubt and id(message) in self._in_doubt
+        doubted = id(message) in self._in_doubt
         if not doubted and (delay is None or delay <= self.eta_threshold):
             return False
         eid, entry = self.parker.entry_of_message(message, name, "eta")

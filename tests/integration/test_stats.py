@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -23,6 +22,7 @@ from celery_extras.stats.recorder import COUNTERS
 from celery_extras.stats.schema import Throughput
 from tests.integration.conftest import Cluster
 from tests.support import proj
+from tests.support.brokers import free_port
 from tests.support.workers import ROOT, wait_for
 
 STATS_TASKS = ("tests.support.tasks_stats",)
@@ -160,13 +160,6 @@ def test_threads_and_solo_pools_count_the_truth(
              what=f"inspect stats equal to the truth; last: {extras()}")  # fmt: skip
     runtimes = extras()["tasks"]["tests.stats.succeeds"]["runtime"]
     assert runtimes["count"] == 310
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Service:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from celery_extras.sync.revoke_store import shard_of
 from celery_extras.sync.syncer import HELLO
 from tests.integration.conftest import Cluster, also_on_redis_cluster
 from tests.support import proj
+from tests.support.brokers import free_port
 from tests.support.journal import Journal
 from tests.support.outages import store_outages, store_recoveries
 from tests.support.revokes import write_raw_entry
@@ -252,13 +252,6 @@ def test_new_worker_clock_exceeds_every_clock_it_heard_of(cluster: Cluster) -> N
     assert clock_of(cluster, w3) > 20001
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def private_redis(port: int, workdir: Path) -> Iterator[redis.Redis[str]]:
     """A redis-server of this test only, on *port*; stopped on exit."""
@@ -286,7 +279,7 @@ def _pings(client: redis.Redis[str]) -> bool:
 def test_store_down_at_start_worker_starts_and_catches_up(
     cluster: Cluster, send: Callable[..., Any], journal: Journal, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     app = cluster.configure(
         extras_sync_interval=INTERVAL, extras_redis_url=f"redis://127.0.0.1:{port}/0"
     )

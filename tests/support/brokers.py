@@ -21,6 +21,7 @@ __all__ = [
     "PrivateRabbitMQ",
     "PrivateRedis",
     "Restartable",
+    "free_port",
     "private_rabbitmq",
     "require_broker",
     "restartable_broker",
@@ -59,9 +60,7 @@ class PrivateRedis:
     def __init__(self, workdir: Path, *args: str) -> None:
         """*args*: more ``redis-server`` options (``"--maxmemory", "3mb"``)."""
         self.args = args
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.workdir = workdir
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -163,7 +162,8 @@ def _task_message(raw: bytes) -> tuple[str, str] | None:
         return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -181,8 +181,9 @@ class PrivateRabbitMQ:
     STARTUP = 120.0  # seconds: a node boots in about 5 s alone, far slower on a loaded machine
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.node = f"test{self.port}@localhost"
+        self.dist_port = free_port()  # Erlang's distribution port
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
         self.home: Path | None = None
         self.stopped = True
@@ -192,7 +193,7 @@ class PrivateRabbitMQ:
         return {
             **os.environ,
             "RABBITMQ_NODENAME": self.node,
-            "RABBITMQ_DIST_PORT": str(_free_port()),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_MNESIA_BASE": str(self.home / "mnesia"),
             "RABBITMQ_LOG_BASE": str(self.home / "log"),
             "RABBITMQ_PID_FILE": str(self.home / "pid"),
