@@ -39,6 +39,7 @@ import celery_extras
 from celery_extras.admission.registry import policies_of
 from celery_extras.settings import declared_settings
 from tests.docs.blocks import DOCS, Block, blocks_of, commands, python_blocks
+from tests.support.shared_tasks import shared_tasks_isolated
 
 ROOT = DOCS.parent
 #: pages written by others at the moment, whose blocks are not checked here yet
@@ -104,19 +105,6 @@ def run_python(block: Block, page: Page) -> None:
                                                    "@debounce", "@retry_policy"))  # fmt: skip
         if decorated and not name.startswith("celery."):
             assert policies_of(page.app.tasks[name]) is not None, name
-
-
-def celerys_own_only() -> set[Any]:
-    """Keep only Celery's built-in tasks among the tasks shared with every new app (not what
-    other tests of this process shared: their names showed in the CLI's lists), and return
-    what was there, for the caller to restore."""
-    from celery import _state
-
-    before = set(_state._on_app_finalizers)
-    _state._on_app_finalizers.intersection_update(
-        {f for f in before if getattr(f, "__module__", "") == "celery.app.builtins"}
-    )
-    return before
 
 
 def python(fresh: Callable[[], Celery] | None = None, **names: Any) -> Callable[..., None]:
@@ -468,25 +456,21 @@ def docs_worker(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("page", [p.name for p in pages() if blocks_of(p)])
 def test_the_blocks_of_a_page_run_as_written(page: str, request: pytest.FixtureRequest) -> None:
-    from celery import _state
-
-    before = celerys_own_only()  # a page's tasks are not the next page's, nor others' its
-    shared = set(_state._on_app_finalizers)
     prefix = f"docs-{uuid.uuid4().hex[:8]}"
-    state = Page(page, {"__name__": "proj", "app": docs_app(prefix=prefix)}, shared)
-    if page in WITH_WORKER:
-        url, prefix, state.worker = request.getfixturevalue("docs_worker")
-        state.names["app"] = docs_app(url, url, prefix)
-    try:
-        for block in [*(b for p in PRELUDE.get(page, ()) for b in python_blocks(DOCS / p)),
-                      *blocks_of(DOCS / page)]:  # fmt: skip
-            CHECKS[checks_of(block)[0]](block, state)
-    finally:
-        _state._on_app_finalizers.clear()
-        _state._on_app_finalizers.update(before)
-        store = _redis()
-        for key in store.scan_iter(f"{prefix}*"):  # what the page's commands stored
-            store.delete(key)
+    # a page's tasks are not the next page's, nor other tests' its
+    with shared_tasks_isolated(celerys_only=True) as shared:
+        state = Page(page, {"__name__": "proj", "app": docs_app(prefix=prefix)}, shared)
+        if page in WITH_WORKER:
+            url, prefix, state.worker = request.getfixturevalue("docs_worker")
+            state.names["app"] = docs_app(url, url, prefix)
+        try:
+            for block in [*(b for p in PRELUDE.get(page, ()) for b in python_blocks(DOCS / p)),
+                          *blocks_of(DOCS / page)]:  # fmt: skip
+                CHECKS[checks_of(block)[0]](block, state)
+        finally:
+            store = _redis()
+            for key in store.scan_iter(f"{prefix}*"):  # what the page's commands stored
+                store.delete(key)
 
 
 def test_the_fair_consumer_example_consumes_by_weight() -> None:
@@ -521,18 +505,11 @@ def test_the_fair_consumer_example_consumes_by_weight() -> None:
 
 def test_the_readme_s_example_runs_as_written() -> None:
     """README.md's Python block (its ``pip install`` lines: tests/unit/test_publishing.py)."""
-    from celery import _state
-
     found = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert len(found) == 1
-    before = celerys_own_only()
-    own = set(_state._on_app_finalizers)
-    page = Page("README.md", {"__name__": "proj", "app": plain_app()}, own)
-    try:
+    with shared_tasks_isolated(celerys_only=True) as own:
+        page = Page("README.md", {"__name__": "proj", "app": plain_app()}, own)
         run_python(Block("README.md", 1, "python", found[0]), page)
-    finally:
-        _state._on_app_finalizers.clear()
-        _state._on_app_finalizers.update(before)
     assert sorted(name for name in page.app.tasks if name.startswith("proj.")) == [
         "proj.fetch",
         "proj.sync_account",

@@ -22,6 +22,7 @@ from celery_extras.policies import POLICIES
 from tests.support import worker_state as worker_state_support
 from tests.support.clock import FakeClock
 from tests.support.fake_consumer import Consumer
+from tests.support.shared_tasks import shared_tasks_isolated
 
 
 def key(args: Any, kwargs: Any) -> str:
@@ -59,20 +60,17 @@ def test_bad_arguments_name_the_task_and_the_argument(
 
 
 def test_it_composes_with_the_other_policies_and_its_gate_comes_right_after_coalescing() -> None:
-    from celery import _state
-
     app = Celery("unit-compose", broker="memory://", set_as_current=False)
     celery_extras.install(app)
-    shared = set(_state._on_app_finalizers)  # the shared task is not the next apps' (docs)
+    with shared_tasks_isolated():  # the shared task is not the next apps'
 
-    @debounce(1.0, key=key, max_wait=5.0)
-    @coalesce(key=key)
-    @limit("5/s")
-    @shared_task(name="unit.debounced")
-    def debounced(x: str) -> None: ...
+        @debounce(1.0, key=key, max_wait=5.0)
+        @coalesce(key=key)
+        @limit("5/s")
+        @shared_task(name="unit.debounced")
+        def debounced(x: str) -> None: ...
 
-    app.finalize()
-    _state._on_app_finalizers.intersection_update(shared)
+        app.finalize()
     task = app.tasks["unit.debounced"]
     policies = policies_of(task)
     assert policies is not None and policies.debounce == DebounceSpec(1.0, key, 5.0, 30.0)

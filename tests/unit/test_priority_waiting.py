@@ -17,6 +17,7 @@ from celery_extras.priority.buffer import PriorityBuffer
 from celery_extras.priority.step import PriorityStep, max_priorities
 from celery_extras.priority.transport import STEPS
 from celery_extras.priority.waiting import PriorityWaiters, level_function
+from tests.support.shared_tasks import shared_tasks_isolated
 
 
 class QoS:
@@ -166,19 +167,14 @@ def test_the_docs_example_runs_as_written() -> None:
     import re
     from pathlib import Path
 
-    from celery import _state
-
     page = (Path(__file__).resolve().parents[2] / "docs" / "priority.rst").read_text()
     (block,) = re.findall(r"\.\. code-block:: python\n\n((?:    .*\n|\n)+)", page)
     app = Celery("proj", broker="memory://", set_as_current=False)
     celery_extras.install(app)
     names: dict[str, Any] = {"app": app, "__name__": "proj"}
-    shared = set(_state._on_app_finalizers)  # the page's task is shared: not the next apps'
-    try:
+    with shared_tasks_isolated():  # the page's task is shared: not the next apps'
         exec(compile("\n".join(line[4:] for line in block.splitlines()), "priority.rst",
                      "exec"), names)  # fmt: skip
-    finally:
-        _state._on_app_finalizers.intersection_update(shared)
     assert settings_of(app)["priority"] is True and settings_of(app)["priority_aging"] == 30.0
     assert app.conf.broker_transport_options["priority_steps"] == STEPS
     with app.connection_for_write() as connection:  # kombu's memory queues are the process'
