@@ -19,25 +19,30 @@ from tests.support.topology import RedisClusterTopology, redis_cluster
 from tests.support.workers import stop_all
 
 #: Under pytest-xdist, which kinds of test may run at the same time: ``shared`` tests beside
-#: each other; minute-long ``scenario`` runs (a few workers at a few dozen tasks a second)
-#: beside each other; an ``exclusive`` test (it restarts a shared broker, or measures
-#: latencies or memory a neighbour would skew) beside none.
-KINDS = ("shared", "exclusive", "scenario")  # the order they run in, too
+#: each other; ``exclusive`` tests (they measure rates or latencies a busy neighbour would
+#: skew) two at a time, beside nothing else; minute-long ``scenario`` runs (a few workers at
+#: a few dozen tasks a second) beside each other; a scenario marked ``exclusive`` itself
+#: (nine processes, or a latency under a flood) ``alone``.
+KINDS = ("shared", "exclusive", "alone", "scenario")  # the order they run in, too
 CONFLICTS = {
-    "shared": ("scenario", "exclusive"),
-    "scenario": ("shared", "exclusive"),
-    "exclusive": KINDS,
+    "shared": ("exclusive", "alone", "scenario"),
+    "exclusive": ("shared", "alone", "scenario"),
+    "alone": KINDS,
+    "scenario": ("shared", "exclusive", "alone"),
 }
 #: How many tests of a kind run at once at most, whatever the number of processes: the
 #: scenarios' rates were measured two at a time (``-n 3`` gives the shared tests, which
-#: mostly wait on their workers, a third process).
-AT_ONCE = {"scenario": 2}
+#: mostly wait on their workers, a third process); the exclusive tests' figures hold two at
+#: a time (every one passed so beside another, with four more agents loading the cores).
+AT_ONCE = {"exclusive": 2, "scenario": 2}
 
 
 def _kind(item: pytest.Item) -> str:
-    """A test's own ``exclusive`` mark wins over ``scenario``, which wins over its module's."""
+    """A test's own ``exclusive`` mark wins over ``scenario`` (and makes a scenario run
+    ``alone``), which wins over its module's ``exclusive``."""
+    scenario = item.get_closest_marker("scenario") is not None
     if any(mark.name == "exclusive" for mark in item.own_markers):
-        return "exclusive"
+        return "alone" if scenario else "exclusive"
     return next((k for k in ("scenario", "exclusive") if item.get_closest_marker(k)), "shared")
 
 
