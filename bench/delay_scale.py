@@ -115,7 +115,7 @@ def park_many(store: RedisDelayStore, items: Iterable[tuple[str, Entry, float]])
     for eid, entry, delay in items:
         k = shard_of(eid, store.layout).keys
         args = [eid, max(0, math.ceil(delay * 1000)), json.dumps(entry.meta()), entry.dumps()]
-        pipe.execute_command("EVALSHA", script.sha, 3, k["due"], k["meta"], k["msg"],
+        pipe.execute_command("EVALSHA", script.sha, 4, k["due"], k["meta"], k["msg"], k["parked"],
                              *script.args(args))  # fmt: skip
     return sum(int(r) for r in pipe.execute())
 

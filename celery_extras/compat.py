@@ -83,6 +83,7 @@ __all__ = [
     "with_control_mixin",
     "worker_revoked",
     "worker_revoked_stamps",
+    "worker_stopping",
 ]
 
 logger = logging.getLogger(__name__)
@@ -362,6 +363,9 @@ PRIVATE: tuple[Private, ...] = (
     Private("celery.worker.state", "should_terminate", lambda o: o is None,
             "None until a worker of this process is to terminate (then 0)",
             "testing plugin: an in-process worker told to end as start_worker's exit does"),
+    Private("celery.worker.state", "should_stop", lambda o: o is None,
+            "None until a worker of this process is to stop warm (then its exit code)",
+            "batches: a batch not yet in the pool when a warm stop begins does not start"),
     Private("celery.worker.state", "REVOKES_MAX", _number,
             "an int", "sync: default of extras_revoke_max",
             fallback="50000, Celery's documented default"),
@@ -580,6 +584,13 @@ def terminate_workers() -> None:
     _state.should_terminate = 0
 
 
+def worker_stopping() -> bool:
+    """Whether a warm or cold stop of this process's worker began (Celery's signal handler
+    set the flag its loop reads; the loop still takes messages for one more turn)."""
+    flags = (getattr(_state, "should_stop", None), getattr(_state, "should_terminate", None))
+    return any(flag is not None and flag is not False for flag in flags)
+
+
 def stop_pool_threads(pool: Any) -> None:
     """Stop the threads of Celery's thread pool, which a terminate (the in-process test
     worker's end) leaves running; nothing for other pools."""
@@ -612,10 +623,13 @@ def reserved_requests() -> Any:
 def request_pending(request: RequestLike) -> bool:
     """*request* is reserved or running in this worker (Celery has not marked it ready).
 
-    By identity, in the reserved set: a second delivery of the same task id is another
-    request, and its bookkeeping says nothing of this one.
+    By identity, in the reserved or the active set: a second delivery of the same task id
+    is another request, and its bookkeeping says nothing of this one. The active set too:
+    Celery 5.5 and 5.6 empty the reserved set as the connection is lost
+    (``Consumer.on_close``; celery#10345, fixed in 5.7), running requests with it, and one
+    the pool accepts after that joins the active set alone. Their bodies run on.
     """
-    return request in _state.reserved_requests
+    return request in _state.reserved_requests or request in _state.active_requests
 
 
 def request_embed(request: Any) -> dict[str, Any]:

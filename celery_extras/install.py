@@ -38,7 +38,13 @@ from .settings import (
 from .stats.capability import STATS
 from .store.client import StoreStep, check_store
 from .sync.capability import SYNC
-from .workarounds import EventLoopGuard, PoolFlushGuard, RedisCloseGuard, RedisRestoreGuard
+from .workarounds import (
+    EventLoopGuard,
+    PoolFlushGuard,
+    PrefetchRestoreGuard,
+    RedisCloseGuard,
+    RedisRestoreGuard,
+)
 
 __all__ = [
     "CAPABILITIES",
@@ -158,6 +164,7 @@ def install(app: Celery, **options: Any) -> Celery:
     app.steps["worker"].add(EventLoopGuard)
     app.steps["consumer"].add(RedisCloseGuard)
     app.steps["consumer"].add(RedisRestoreGuard)
+    app.steps["consumer"].add(PrefetchRestoreGuard)
     app.steps["consumer"].add(StoreStep)
     for capability in CAPABILITIES:
         for step in capability.worker_steps:

@@ -26,6 +26,7 @@ only, as it did then.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "CHUNK",
     "CONTEXT_VERSION",
     "MAX_CONTEXT",
+    "PAUSE_ACK_ENV",
     "SPACING",
     "CoveredEndings",
     "CoveredMessage",
@@ -317,6 +319,17 @@ def end_covered(app: Celery, name: str, message: CoveredMessage, outcome: Outcom
 
 # -- from the worker's timer ---------------------------------------------------------------------
 
+#: Test-only (documented in docs/reliability.rst): seconds between a covered message's
+#: ending here and its ack, a window for a test's broker restart.
+PAUSE_ACK_ENV = "CELERY_EXTRAS_TEST_PAUSE_COVERED_ACK"
+
+
+def _test_pause_ack() -> float:
+    try:
+        return max(float(os.environ.get(PAUSE_ACK_ENV, "0") or 0), 0.0)
+    except ValueError:
+        return 0.0
+
 
 class CoveredEndings:
     """Ends covered messages from a consumer's timer, once their covering run's outcome is
@@ -324,7 +337,7 @@ class CoveredEndings:
 
     def __init__(self, app: Celery) -> None:
         self.app = app
-        self.counts = {"ended": 0, "gave_up": 0, "errors": 0}
+        self.counts = {"ended": 0, "gave_up": 0, "errors": 0, "purged": 0}
         #: messages ending here before their ack (covered by a run that had ended), by id
         self.here: dict[int, Ticket] = {}
 
@@ -347,14 +360,34 @@ class CoveredEndings:
         job = (consumer, name, run_id, list(covered), known, done, 1)
         serial(consumer).call_after(0.0, self._run, job)
 
-    def end_here(self, consumer: Any, pipeline: Any, ticket: Ticket, by: str) -> None:
+    def end_purged(self, consumer: Any, name: str, covered: Sequence[CoveredMessage],
+                   outcome: Outcome) -> None:  # fmt: skip
+        """End *covered* with *outcome* itself, no stored result read: what a waiting run
+        that a purge dropped covered ends revoked (the run has no result, and never will)."""
+        if covered:
+            self.counts["purged"] += len(covered)
+            serial(consumer).call_after(0.0, self._end, (consumer, name, list(covered),
+                                                         outcome, None))  # fmt: skip
+
+    def end_here(self, consumer: Any, pipeline: Any, ticket: Ticket, by: str,
+                 mark: Callable[[], None] | None = None) -> None:  # fmt: skip
         """End *ticket*'s message, covered by run *by* that has ended, with that run's
-        outcome, and only then have *pipeline* ack it (as covered): a worker dying meanwhile
-        has the broker deliver it again."""
+        outcome, then *mark* it ended (so that a delivery of it again, its ack lost with the
+        connection, is acked without a second ending), and only then have *pipeline* ack it
+        (as covered): a worker dying meanwhile has the broker deliver it again."""
         self.here[id(ticket)] = ticket
         message = CoveredMessage(ticket.request.id, context_of(ticket.request))
 
         def ended() -> None:
+            if mark is not None:
+                mark()
+            pause = _test_pause_ack()
+            if pause:  # a test's window between the ending and the ack (see PAUSE_ACK_ENV)
+                serial(consumer).call_after(pause, resume, ())
+            else:
+                resume()
+
+        def resume() -> None:
             if self.here.pop(id(ticket), None) is ticket:
                 pipeline.resume(ticket, COVERED)
 

@@ -14,6 +14,15 @@ how it ended. Held or queued messages stay unacked: a worker killed meanwhile lo
 none, the broker delivers them again. Every entry (an arrival, an ending, a tick, a
 timer's due hold, a round's reply) runs under the consumer's :class:`~.serial.Serial`,
 whatever thread or greenlet it comes from; a request goes to the pool once it is let go.
+
+On a green pool (gevent, eventlet) an ending is heard in the ending task's own greenlet,
+and a slot it frees resumes the next waiting request there: handed to the pool from that
+greenlet, it would wait in the pool's ``spawn`` for a free slot, the ending greenlet's own
+(gevent's worker froze; eventlet's ``spawn`` runs it in place, inside the ending task, one
+stack deeper for each). A resumed request goes to a green pool from a greenlet of the
+worker's timer instead (:meth:`Pipeline.hand`); one whose handover a stop or a lost
+connection overtook goes back to the broker, unacked, and its gates free what they hold
+for it (as for a retry in 0 s).
 """
 
 from __future__ import annotations
@@ -34,7 +43,15 @@ from .rounds import Rounds
 from .serial import Serial, serial
 from .waits import TimerHolds, park_message
 
-__all__ = ["IN_DOUBT", "PARK_AGAIN", "PIPELINE_ATTR", "TICK", "AdmissionRefused", "Pipeline"]
+__all__ = [
+    "IN_DOUBT",
+    "PARK_AGAIN",
+    "PIPELINE_ATTR",
+    "RESUMED",
+    "TICK",
+    "AdmissionRefused",
+    "Pipeline",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +63,81 @@ TICK = 0.25
 PARK_AGAIN = 1.0
 #: :attr:`Ticket.notes` key of the wait a park in doubt was for
 IN_DOUBT = "park.in_doubt"
+#: :attr:`Ticket.notes` key of a request a gate resumed (:meth:`Pipeline.resume`)
+RESUMED = "pipeline.resumed"
 
 
 class AdmissionRefused(Exception):
     """A task its gates can never admit (a cost above its limit's burst): its failure."""
 
 
-class Pipeline:
+class _Resuming:
+    """:class:`Pipeline`'s resume path: a gate lets a request it kept waiting go on. On a
+    green pool the request goes to the pool from a greenlet of the worker's timer, never
+    from the caller's (maybe the greenlet of a task whose ending freed the slot)."""
+
+    serial: Serial
+    #: resumed requests on their way to a green pool, by ``id(request)`` (:meth:`hand`)
+    handing: dict[int, Ticket]
+    admitted: dict[int, Ticket]
+
+    def _advance(self, ticket: Ticket) -> None:
+        raise NotImplementedError
+
+    def _covered(self, ticket: Ticket) -> None:
+        raise NotImplementedError
+
+    def _hear(self, ticket: Ticket) -> None:
+        raise NotImplementedError
+
+    def resume(self, ticket: Ticket, answer: Answer = RUN) -> None:
+        """The gate that queued *ticket* answers now: :data:`~.gate.RUN` (on to the next
+        gate) or :data:`~.gate.COVERED`."""
+        with self.serial:
+            compat.narrow_prefetch(ticket.consumer)
+            if answer is COVERED:
+                self._covered(ticket)
+                return
+            ticket.stage += 1
+            ticket.notes[RESUMED] = True
+            self._advance(ticket)
+
+    def _deferred(self, ticket: Ticket) -> bool:
+        """``True`` when *ticket*, resumed, goes to a green pool later (:meth:`hand`)."""
+        if not (ticket.notes.pop(RESUMED, False) and _green(ticket.consumer)):
+            return False
+        self.handing[id(ticket.request)] = ticket
+        ticket.consumer.timer.call_after(0, self.hand, (ticket,), priority=6)
+        return True
+
+    def hand(self, ticket: Ticket) -> None:
+        """Hand resumed *ticket* to the green pool, in a greenlet of the worker's timer (not
+        the pool's: its ``spawn`` may wait for a slot), outside the lock; unless a stop
+        dropped it, or began (as Celery's loop sees it a turn late): :meth:`stop` drops it."""
+        with self.serial:
+            if id(ticket.request) not in self.handing or compat.worker_stopping():
+                return
+            del self.handing[id(ticket.request)]
+        try:
+            ticket.consumer.on_task_request(ticket.request)
+        except Exception:  # as Serial.after: logged (Celery's own handover logs its errors)
+            logger.exception("celery-extras: handing %s[%s] over failed", ticket.name,
+                             getattr(ticket.request, "id", "?"))  # fmt: skip
+
+    def _drop_handing(self) -> None:
+        """Stopping: resumed requests not handed to the pool yet go back to the broker
+        (unacked); the gates they passed free what they hold for them, as for a retry
+        in 0 s (a key run's hold stays for its message's next delivery)."""
+        for key, ticket in list(self.handing.items()):
+            del self.handing[key]
+            self.admitted.pop(key, None)
+            compat.reserved_requests().discard(ticket.request)
+            compat.forget_held(ticket.request)
+            ticket.retry_in, ticket.outcome = 0.0, None
+            self._hear(ticket)
+
+
+class Pipeline(_Resuming):
     """One consumer's gates, in order, and the requests between them."""
 
     def __init__(self, gates: Sequence[Gate]) -> None:
@@ -63,6 +148,7 @@ class Pipeline:
         self.holds = TimerHolds()
         #: requests in the pool that a gate must hear the end of, by ``id(request)``
         self.admitted: dict[int, Ticket] = {}
+        self.handing: dict[int, Ticket] = {}  # resumed, on their way to a green pool
         self.epoch = 0  # stop() counts the connections lost
         self._tick_entry: Any = None
         #: per task, the gates whose store calls go in one round: as it arrives, and as it ends
@@ -116,6 +202,7 @@ class Pipeline:
             self.holds.drop_all()
             for gate in self.gates:
                 gate.stop()
+            self._drop_handing()
         if self._tick_entry is not None:
             self._tick_entry.cancel()
             self._tick_entry = None
@@ -128,17 +215,6 @@ class Pipeline:
         slot = arrival.pop_slot(request.id) if arrival is not None else None
         with self.serial:
             self._advance(Ticket(request, name, consumer, released_slot=slot))
-
-    def resume(self, ticket: Ticket, answer: Answer = RUN) -> None:
-        """The gate that queued *ticket* answers now: :data:`~.gate.RUN` (on to the next
-        gate) or :data:`~.gate.COVERED`."""
-        with self.serial:
-            compat.narrow_prefetch(ticket.consumer)
-            if answer is COVERED:
-                self._covered(ticket)
-                return
-            ticket.stage += 1
-            self._advance(ticket)
 
     def _advance(self, ticket: Ticket) -> None:
         arrival = self.arrival_rounds.get(ticket.name) if ticket.stage == 0 else None
@@ -180,8 +256,8 @@ class Pipeline:
             self.admitted[id(request)] = ticket
             request_hook(ticket.consumer).adopt(request)
         compat.task_reserved(request)
-        # once the lock is let go: a green pool's spawn waits for a slot an ending frees
-        self.serial.after(ticket.consumer.on_task_request, request)
+        if not self._deferred(ticket):  # once the lock is let go: a green pool's spawn
+            self.serial.after(ticket.consumer.on_task_request, request)  # waits for a slot
 
     def park_queued(self, ticket: Ticket, kind: str, seconds: float) -> str | None:
         """Park *ticket*, queued in a gate, in the delay store for *seconds* (its message
@@ -291,9 +367,10 @@ class Pipeline:
         gate do its periodic work (lease renewals)."""
         for ticket in list(self.admitted.values()):
             if compat.request_pending(ticket.request):
+                ticket.unseen = 0
                 continue
             ticket.unseen += 1
-            if ticket.unseen >= 2:  # gone for two ticks: its ending went unseen
+            if ticket.unseen >= 2:  # gone for two ticks in a row: its ending went unseen
                 logger.warning(
                     "celery-extras: %s[%s] ended unseen; freeing what its gates hold",
                     ticket.name, getattr(ticket.request, "id", "?"),
@@ -302,6 +379,11 @@ class Pipeline:
         self.rounds.tick()
         for gate in self.gates:
             gate.tick()
+
+
+def _green(consumer: Any) -> bool:
+    """Whether *consumer*'s pool is green (gevent, eventlet)."""
+    return bool(getattr(getattr(consumer, "pool", None), "is_green", False))
 
 
 def _leading(gates: tuple[Gate, ...], asker: str) -> tuple[Gate, ...]:

@@ -97,7 +97,12 @@ class BatchGate(CallEndings, Gate):
         self.specs: dict[str, BatchSpec] = {}
         self.table: BatchTable[Ticket] = BatchTable(clock)
         self.running: dict[str, list[Ticket]] = {}  # by batch id, until each call ended
-        self._ending: set[str] = set()  # batches whose calls are ending, slice by slice
+        self._due: list[Batch[Ticket]] = []  # full batches taken, to run in a timer entry
+        self._packing: set[str] = set()  # batches running here, not yet in the pool
+        self._returned_endings: dict[str, Any] = {}  # batches back from the pool, to end
+        #: batches whose calls are ending, slice by slice: their ending and calls ended
+        self._ending: dict[str, tuple[BatchEnding, int]] = {}
+        self._stopped = False
         self.counts = {"batches": 0, "calls": 0, "succeeded": 0, "failed": 0, "retried": 0,
                        "revoked": 0, "requeued": 0}  # fmt: skip
         self._pipeline: Any = None
@@ -114,6 +119,7 @@ class BatchGate(CallEndings, Gate):
 
     def start(self, pipeline: Any, consumer: Any) -> None:
         self._pipeline, self._consumer = pipeline, consumer
+        self._stopped = False
 
     # -- gathering -----------------------------------------------------------------------------
 
@@ -122,7 +128,8 @@ class BatchGate(CallEndings, Gate):
         key = call_key(ticket.name, spec.key, ticket.request, "batch", "batch", logger)
         full = self.table.add((ticket.name, key), ticket, spec.size, spec.wait)
         if full is not None:  # run it once the pipeline has counted this call as queued
-            serial(ticket.consumer).call_after(0.0, self._run, (full,))
+            self._due.append(full)
+            serial(ticket.consumer).call_after(0.0, self._run_due, (full,))
         return QUEUED
 
     def tick(self) -> None:
@@ -139,16 +146,43 @@ class BatchGate(CallEndings, Gate):
         return self.table.waiting() + sum(len(t) for t in self.running.values())
 
     def stop(self) -> None:
-        """Connection lost or shutting down: open batches are dropped (the broker delivers
-        their messages again); running ones end as they end."""
-        for batch in self.table.take_all():
-            for ticket in batch.items:
+        """Connection lost or shutting down: open batches, and batches not yet in the pool,
+        are dropped (their messages stay unacked: the broker delivers them again); batches
+        back from the pool end now, while their messages can still be acked (no later turn
+        of the loop, whose timer stops with the pool: chaos seed 792644); running ones end
+        as they return (:meth:`_returned`)."""
+        self._stopped = True
+        dropped = [batch.items for batch in self.table.take_all() + self._due]
+        self._due = []
+        dropped += [self.running.pop(batch_id, []) for batch_id in self._packing]
+        self._packing.clear()
+        for tickets in dropped:
+            for ticket in tickets:
                 compat.forget_held(ticket.request)
+        for batch_id, ending in list(self._returned_endings.items()):
+            self._end(batch_id, ending)
+        for batch_id, (read, done) in list(self._ending.items()):
+            self._end_slice(batch_id, read, done)
+
+    def _stopping(self) -> bool:
+        """The consumer stopped, or a warm stop began (Celery's loop still takes messages
+        for one more turn): a batch not yet in the pool does not start any more."""
+        return self._stopped or compat.worker_stopping()
 
     # -- running -------------------------------------------------------------------------------
 
+    def _run_due(self, batch: Batch[Ticket]) -> None:
+        """Run full batch *batch*, unless :meth:`stop` dropped it meanwhile."""
+        if any(due is batch for due in self._due):
+            self._due = [due for due in self._due if due is not batch]
+            self._run(batch)
+
     def _run(self, batch: Batch[Ticket]) -> None:
         name = batch.bucket[0]  # type: ignore[index]
+        if self._stopping():  # its calls go back to the broker, unrun and unacked
+            for ticket in batch.items:
+                compat.forget_held(ticket.request)
+            return
         tickets = [t for t in batch.items if not self._revoked(t)]
         if not tickets:
             return
@@ -163,6 +197,7 @@ class BatchGate(CallEndings, Gate):
             "delivery_info": dict(first.delivery_info or {}),
         }
         self.running[batch_id] = tickets
+        self._packing.add(batch_id)
         self.counts["batches"] += 1
         self.counts["calls"] += len(tickets)
         task_batched.send(sender=name, size=len(tickets), batch_id=batch_id)
@@ -172,7 +207,9 @@ class BatchGate(CallEndings, Gate):
         """Make the next calls of batch *batch_id* (:func:`_call`; *calls* made so far), at
         most :data:`SLICE` of them or :data:`SLICE_SECONDS` of the loop's time, the rest
         after the loop's next turn, as its calls end; then hand it to the pool."""
-        tickets = self.running.get(batch_id, [])
+        if batch_id not in self._packing:
+            return  # dropped by stop()
+        tickets = self.running[batch_id]
         started = time.perf_counter()
         end = min(len(tickets), len(calls) + SLICE)
         while len(calls) < end and (time.perf_counter() - started < SLICE_SECONDS):
@@ -185,7 +222,16 @@ class BatchGate(CallEndings, Gate):
         serial(self._consumer).after(self._apply, task, batch_id, calls, request)
 
     def _apply(self, task: Any, batch_id: str, calls: list[Any], request: Any) -> None:
-        """Hand batch *batch_id* to the pool (outside the pipeline's lock)."""
+        """Hand batch *batch_id* to the pool (outside the pipeline's lock), unless a stop
+        began: then its calls go back to the broker, unrun and unacked."""
+        with serial(self._consumer):
+            if batch_id not in self._packing:
+                return  # dropped by stop()
+            self._packing.discard(batch_id)
+            if self._stopping():
+                for ticket in self.running.pop(batch_id, []):
+                    compat.forget_held(ticket.request)
+                return
         try:
             self._consumer.pool.apply_async(
                 run_batch,
@@ -215,11 +261,17 @@ class BatchGate(CallEndings, Gate):
         return True
 
     def _returned(self, batch_id: str, ending: Any) -> None:
-        """The pool's callback (in a pool thread with ``-P threads``: on to the loop)."""
-        if threading.current_thread() is not self._main:
-            serial(self._consumer).call_after(0.0, self._end, (batch_id, ending))
-            return
-        serial(self._consumer).run(self._end, batch_id, ending)
+        """The pool's callback (in a pool thread or greenlet with ``-P threads``, gevent or
+        eventlet: on to the loop; in place once a stop began, as the loop turns no more and
+        its timer stops with the pool: the calls that ran are acked before the connection
+        closes, chaos seed 792644)."""
+        on_loop = threading.current_thread() is self._main
+        with serial(self._consumer):
+            self._returned_endings[batch_id] = ending
+            if on_loop or self._stopping():
+                self._end(batch_id, ending)
+                return
+        serial(self._consumer).call_after(0.0, self._end, (batch_id, ending))
 
     def _lost(self, batch_id: str, exc_info: Any) -> None:
         """The pool's error callback: as Celery does for a task, the calls go back when its
@@ -234,30 +286,35 @@ class BatchGate(CallEndings, Gate):
     def _end(self, batch_id: str, ending: BatchEnding) -> None:
         """End the calls of batch *batch_id* as it ended (*ending*): a slice of them now,
         the rest in slices between later turns of the loop (:data:`SLICE`)."""
+        self._returned_endings.pop(batch_id, None)
         if batch_id not in self.running or batch_id in self._ending:
             return
-        self._ending.add(batch_id)
-        self._end_slice(batch_id, read_ending(self.app, ending), 0)
+        read = read_ending(self.app, ending)
+        self._ending[batch_id] = (read, 0)
+        self._end_slice(batch_id, read, 0)
 
     def _end_slice(self, batch_id: str, ending: BatchEnding, done: int) -> None:
         """End the next calls of batch *batch_id* (the *done* first have ended): at most
         :data:`SLICE` of them or :data:`SLICE_SECONDS` of the loop's time, the rest after
-        the loop's next turn."""
+        the loop's next turn; all of them once a stop began (no later turn)."""
+        if self._ending.get(batch_id, (None, -1))[1] != done:
+            return  # ended meanwhile by stop()
         tickets = self.running.get(batch_id, [])
         started = time.perf_counter()
-        count = 0
-        while count < min(len(tickets), SLICE) and (
-            count == 0 or time.perf_counter() - started < SLICE_SECONDS
+        count, stopping = 0, self._stopping()
+        while count < (len(tickets) if stopping else min(len(tickets), SLICE)) and (
+            count == 0 or stopping or time.perf_counter() - started < SLICE_SECONDS
         ):
             self._end_call(tickets[count], done + count, ending, batch_id)
             count += 1
         del tickets[:count]
+        self._ending[batch_id] = (ending, done + count)
         if tickets:  # after a poll of the loop: a 0 s entry would run in this same turn
             serial(self._consumer).call_after(NEXT_SLICE, self._end_slice,
                                               (batch_id, ending, done + count))  # fmt: skip
             return
         self.running.pop(batch_id, None)
-        self._ending.discard(batch_id)
+        self._ending.pop(batch_id, None)
 
     def info(self) -> dict[str, Any]:
         tasks = {name: {**spec.describe(), "waiting": 0, "running": 0}

@@ -149,6 +149,15 @@ class Entry:
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"stored delay entry is not valid: {exc!r}") from None
 
+    def counted_queue(self) -> str:
+        """The queue this entry counts for in the store's parked figures: the queue it
+        records, else its routing key (the queue's name on the default exchange, and on a
+        direct exchange routed by queue name); ``""``: it counts for none."""
+        return self.queue or self.routing_key
+
     def meta(self) -> dict[str, Any]:
-        """The small part the store's scripts read: task id and name, kind."""
-        return {"t": self.task_id, "n": self.task, "k": self.kind}
+        """The small part the store's scripts read: task id and name, kind, and the queue it
+        counts for (``scripts/delay_parked.lua``), when there is one."""
+        meta = {"t": self.task_id, "n": self.task, "k": self.kind}
+        queue = self.counted_queue()
+        return {**meta, "q": queue} if queue else meta

@@ -49,6 +49,7 @@ class _Record:
     taken_by: str | None = None
     taken_at: float = 0.0
     released: bool = False  # published, waiting to be taken
+    queue: str = ""  # the queue it counts for (Entry.counted_queue)
 
 
 class MemoryDelayStore:
@@ -66,8 +67,9 @@ class MemoryDelayStore:
             return False
         due = self.clock() + max(0.0, delay)
         self.records[entry_id] = _Record(
-            entry.task_id, entry.task, entry.kind, due, due, entry.dumps()
-        )
+            entry.task_id, entry.task, entry.kind, due, due, entry.dumps(),
+            queue=entry.counted_queue(),
+        )  # fmt: skip
         return True
 
     def _prune(self, now: float) -> None:
@@ -153,6 +155,15 @@ class MemoryDelayStore:
     def shard_depths(self) -> dict[str, int]:
         return {"0": self.depth()}
 
+    def parked_by_queue(self) -> dict[str, int]:
+        """Entries not yet taken per queue they count for: the figures the Redis store's
+        counts must equal."""
+        out: dict[str, int] = {}
+        for record in self.records.values():
+            if record.taken_by is None and record.queue:
+                out[record.queue] = out.get(record.queue, 0) + 1
+        return out
+
     def summary(self) -> dict[str, TaskSummary]:
         now = self.clock()
         out: dict[str, TaskSummary] = {}
@@ -163,6 +174,14 @@ class MemoryDelayStore:
                 due_in = _until(record.due, now)
                 entry.next_in = due_in if entry.next_in is None else min(entry.next_in, due_in)
         return out
+
+    def purged(self, entry_ids: Iterable[str]) -> dict[str, bool | None]:
+        fates: dict[str, bool | None] = dict.fromkeys(entry_ids)
+        for entry_id in fates:
+            record = self.records.get(entry_id)
+            if record is not None and record.taken_by in (None, PURGED_MARK):
+                fates[entry_id] = record.taken_by == PURGED_MARK
+        return fates
 
     def purge(self, selection: Selection) -> Purged:
         now = self.clock()

@@ -1,6 +1,6 @@
 """The delay store on Redis: the rules of :mod:`.store` as atomic Lua scripts.
 
-Each shard (:mod:`.shards`) has five keys under its own hash tag, so every script runs on
+Each shard (:mod:`.shards`) has six keys under its own hash tag, so every script runs on
 one node of a Redis Cluster (the first shard's tag is ``{<prefix>:delay}``):
 
 * ``due``: sorted set, entry id -> when a mover should next look at it, in milliseconds
@@ -13,7 +13,10 @@ one node of a Redis Cluster (the first shard's tag is ``{<prefix>:delay}``):
 * ``taken``: sorted set, entry id -> when it was taken, for pruning tombstones after
   ``tombstone_ttl``;
 * ``released``: sorted set, entry id -> when it was published, until a worker takes it
-  (how far the workers are behind: movers publish a herd ahead only while they keep up).
+  (how far the workers are behind: movers publish a herd ahead only while they keep up);
+* ``parked``: hash, queue -> entries not yet taken that record it (``scripts/delay_parked.lua``
+  keeps it: the scripts that park and remove an entry count it up and down in the same call),
+  so the queue figures read what the store holds per queue in one ``HGETALL`` per shard.
 
 Every time is read from the server, so workers whose clocks disagree agree on
 when an entry is due; results are returned as seconds from now. No Celery import.
@@ -32,6 +35,7 @@ and a park no replica acknowledged in time is withdrawn and reported as
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Iterable
@@ -44,22 +48,34 @@ from ..scripts import NOW, load, register
 from ..store.client import LazyCluster, StoreClient
 from .entry import Entry
 from .shards import MAX_SHARDS, Shard, first_shard, layout, shard_named, shard_of
-from .store import MAX_TOKENS, Claim, Claimed, Purged, Selection, Taken, TakeStatus, TaskSummary
+from .store import (
+    MAX_TOKENS,
+    PURGED_MARK,
+    Claim,
+    Claimed,
+    Purged,
+    Selection,
+    Taken,
+    TakeStatus,
+    TaskSummary,
+)  # fmt: skip
 
-__all__ = ["PURGE_PAGE", "ParkNotReplicated", "RedisDelayStore", "delay_keys"]
+__all__ = ["PURGE_PAGE", "ParkNotReplicated", "RedisDelayStore", "delay_keys", "entry_fates"]
+
+logger = logging.getLogger(__name__)
 
 # Each script's KEYS, ARGV and reply are documented atop its file in celery_extras/scripts/.
 #: Every timed script starts with the Redis server's time in ms (``scripts/now_ms.lua``).
 #: Store an entry unless known (``scripts/delay_park.lua``).
-PARK = NOW + load("delay_park")
+PARK = NOW + load("delay_parked") + load("delay_park")
 #: Claim the entries due within a lead, and prune old tombstones (``scripts/delay_claim.lua``).
 #: This and the next two run through :class:`_DrainingScript` (the ``allow-oom`` flag line
 #: goes first, before this text).
-CLAIM = NOW + load("delay_claim")
+CLAIM = NOW + load("delay_parked") + load("delay_claim")
 #: Put a claimed entry back for a re-check (``scripts/delay_release.lua``).
 RELEASE = NOW + load("delay_release")
 #: Take an entry with a claim token, once (``scripts/delay_take.lua``).
-TAKE = NOW + load("delay_take")
+TAKE = NOW + load("delay_parked") + load("delay_take")
 
 
 #: The flag of the scripts that must run on a store at its ``maxmemory`` (Redis >= 7).
@@ -98,7 +114,7 @@ LAYOUTS_REFRESH = 30.0
 
 #: Drop an entry whatever its state (``scripts/delay_discard.lua``). A script, not MULTI: one
 #: call on any Redis, Cluster included (redis-py 5's cluster client has no transactions).
-DISCARD = load("delay_discard")
+DISCARD = load("delay_parked") + load("delay_discard")
 
 
 #: Make a parked entry due now (``scripts/delay_hurry.lua``).
@@ -107,12 +123,12 @@ HURRY = NOW + load("delay_hurry")
 
 #: Take back a park no replica acknowledged, unless claimed or taken meanwhile
 #: (``scripts/delay_withdraw.lua``).
-WITHDRAW = load("delay_withdraw")
+WITHDRAW = load("delay_parked") + load("delay_withdraw")
 
 
 #: Drop the entries of one page of a shard that a selection names (``scripts/delay_purge.lua``);
 #: flagged ``allow-oom`` (:class:`_DrainingScript`): purging is how a full store is emptied.
-PURGE = NOW + load("delay_purge")
+PURGE = NOW + load("delay_parked") + load("delay_purge")
 
 #: Entries a purge script call looks at (``HSCAN ... COUNT``): each call is atomic and short
 #: (a few ms), so a purge of a million entries never stops the store's Redis for long.
@@ -123,6 +139,52 @@ def _whole_ms(seconds: float) -> int:
     """*seconds* in whole ms, never short of it (a parked wait never ends early) but for a
     float's last digits (0.1 - 0.0999... is 0, not 1 ms)."""
     return math.ceil(seconds * 1000 - 1e-6)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _counts(raw: dict[Any, Any], shard: str, logged: set[tuple[str, str]]) -> dict[str, int]:
+    """A shard's ``parked`` hash as counts. A count that is not an integer >= 1 (the scripts
+    never leave one) is read as none, and logged once per shard and queue (*logged*)."""
+    out: dict[str, int] = {}
+    for key, value in raw.items():
+        queue, text = _text(key), _text(value)
+        if text.isdecimal() and int(text) >= 1:
+            out[queue] = int(text)
+        elif (shard, queue) not in logged:
+            logged.add((shard, queue))
+            logger.warning("celery-extras: the delay store's parked count of queue %r in "
+                           "shard %r is %r, not a count: read as 0", queue[:200], shard,
+                           text[:50])  # fmt: skip
+    return out
+
+
+def _fate(meta: str | bytes) -> bool | None:
+    """An entry's meta read: purged ``True``, not yet taken ``False``, taken ``None``."""
+    try:
+        mark = json.loads(_text(meta)).get("x")
+    except (ValueError, AttributeError):
+        return None
+    return True if mark == PURGED_MARK else (False if mark is None else None)
+
+
+def entry_fates(client: StoreClient, shards: Iterable[Shard],
+                entry_ids: list[str]) -> dict[str, bool | None]:  # fmt: skip
+    """:meth:`RedisDelayStore.purged`: one ``HMGET`` of each shard's meta hash, until each id
+    is found (a tombstone's ``x`` is :data:`~.store.PURGED_MARK`, else a claim token)."""
+    fates: dict[str, bool | None] = dict.fromkeys(entry_ids)
+    left = list(entry_ids)
+    for shard in shards:
+        if not left:
+            break
+        metas = cast("list[Any]", client.hmget(shard.key("meta"), left))
+        for entry_id, meta in zip(left, metas, strict=True):
+            if meta is not None:
+                fates[entry_id] = _fate(meta)
+        left = [entry_id for entry_id, meta in zip(left, metas, strict=True) if meta is None]
+    return fates
 
 
 class ParkNotReplicated(redis.RedisError):
@@ -165,6 +227,7 @@ class RedisDelayStore:
         self._known: tuple[Shard, ...] = (first_shard(prefix), *self.layout)
         self._known_at = -math.inf
         self._turn = 0
+        self._bad_counts: set[tuple[str, str]] = set()  # (shard, queue) logged once
 
     def shards(self) -> tuple[Shard, ...]:
         """Every shard that may hold entries: the first (earlier releases parked there),
@@ -189,7 +252,7 @@ class RedisDelayStore:
             self._registered = True
         delay_ms = max(0, min(_whole_ms(delay), 10 * 365 * 86400 * 1000))
         k = shard_of(entry_id, self.layout).keys
-        keys = [k["due"], k["meta"], k["msg"]]
+        keys = [k["due"], k["meta"], k["msg"], k["parked"]]
         args: list[str | int] = [entry_id, delay_ms, json.dumps(entry.meta()), entry.dumps()]
         if self.replicas <= 0:
             return bool(self._park(keys=keys, args=args))
@@ -264,7 +327,7 @@ class RedisDelayStore:
                 break
             k = shard.keys
             reply = cast("list[Any]", self._claim(
-                keys=[k["due"], k["meta"], k["msg"], k["taken"], k["released"]],
+                keys=[k["due"], k["meta"], k["msg"], k["taken"], k["released"], k["parked"]],
                 args=[*fixed, *(shard.token(t) for t in left)],
             ))  # fmt: skip
             next_ms = int(reply[0])
@@ -302,7 +365,7 @@ class RedisDelayStore:
             return Taken(TakeStatus.UNKNOWN)
         k = shard.keys
         reply = cast("list[Any]", self._take(
-            keys=[k["due"], k["meta"], k["msg"], k["taken"], k["released"]],
+            keys=[k["due"], k["meta"], k["msg"], k["taken"], k["released"], k["parked"]],
             args=[entry_id, task_id, token],
         ))  # fmt: skip
         return Taken(TakeStatus(int(reply[0])), int(reply[1]) / 1000, str(reply[2]))
@@ -310,7 +373,8 @@ class RedisDelayStore:
     def discard(self, entry_id: str) -> None:
         for shard in self._by_id(entry_id):
             k = shard.keys
-            self._discard(keys=[k["due"], k["meta"], k["msg"], k["released"]], args=[entry_id])
+            self._discard(keys=[k["due"], k["meta"], k["msg"], k["released"], k["parked"]],
+                          args=[entry_id])  # fmt: skip
 
     def depth(self) -> int:
         """Entries not yet taken (parked, claimed or released, waiting for a worker)."""
@@ -320,6 +384,16 @@ class RedisDelayStore:
         """Entries not yet taken, per shard (by name; the first shard is ``"0"``)."""
         return {shard.name or "0": int(self.client.zcard(shard.key("due")))
                 for shard in self.shards()}  # fmt: skip
+
+    def parked_by_queue(self) -> dict[str, int]:
+        """Entries not yet taken per queue they count for (:meth:`.Entry.counted_queue`):
+        one ``HGETALL`` of each shard's ``parked`` hash, never a walk of the entries."""
+        out: dict[str, int] = {}
+        for shard in self.shards():
+            raw = self.client.hgetall(shard.key("parked"))
+            for queue, n in _counts(raw, shard.name or "0", self._bad_counts).items():
+                out[queue] = out.get(queue, 0) + n
+        return out
 
     def summary(self) -> dict[str, TaskSummary]:
         """Walks the meta hashes (for the CLI; not on any task's path)."""
@@ -341,6 +415,10 @@ class RedisDelayStore:
                 entry.next_in = due_in if entry.next_in is None else min(entry.next_in, due_in)
         return out
 
+    def purged(self, entry_ids: Iterable[str]) -> dict[str, bool | None]:
+        """Of *entry_ids*: purged ``True``, not yet taken ``False``, taken or unknown ``None``."""
+        return entry_fates(self.client, self.shards(), list(entry_ids))
+
     def purge(self, selection: Selection, page: int = PURGE_PAGE) -> Purged:
         """Drop what *selection* names in every shard (:meth:`shards`: this layout's, the
         first and every layout registered), a page of about *page* entries per script call:
@@ -352,7 +430,7 @@ class RedisDelayStore:
         payload = selection.dumps()
         for shard in self.shards():
             k = shard.keys
-            keys = [k["due"], k["meta"], k["msg"], k["taken"], k["released"]]
+            keys = [k["due"], k["meta"], k["msg"], k["taken"], k["released"], k["parked"]]
             cursor = "0"
             while True:
                 reply = cast("list[Any]", self._purge(keys=keys, args=[cursor, page, payload]))

@@ -26,7 +26,7 @@ __all__ = ["MAX_SHARDS", "SLOTS", "Shard", "key_slot", "layout", "shard_named", 
 MAX_SHARDS = 256
 #: Hash slots of a Redis Cluster.
 SLOTS = 16384
-_NAMES = ("due", "meta", "msg", "taken", "released")
+_NAMES = ("due", "meta", "msg", "taken", "released", "parked")
 
 
 def key_slot(tag: str) -> int:
@@ -46,8 +46,8 @@ class Shard:
 
     @functools.cached_property
     def keys(self) -> dict[str, str]:
-        """``due``, ``meta``, ``msg``, ``taken`` and ``released``, all under the tag (built
-        once: every take and claim names them)."""
+        """``due``, ``meta``, ``msg``, ``taken``, ``released`` and ``parked``, all under the
+        tag (built once: every take and claim names them)."""
         return {name: self.key(name) for name in _NAMES}
 
     def token(self, token: str) -> str:

@@ -204,8 +204,20 @@ class DelayStore(Protocol):
         """Parked entries per task name, with the time until the next is due."""
         ...
 
+    def parked_by_queue(self) -> dict[str, int]:
+        """Entries not yet taken (parked, claimed or released) per queue they count for
+        (:meth:`.Entry.counted_queue`), from counts the store keeps: no walk of the entries.
+        Entries parked by a release before these counts are not in them."""
+        ...
+
     def purge(self, selection: Selection) -> Purged:
         """Drop the entries not yet taken that *selection* names (see above)."""
+        ...
+
+    def purged(self, entry_ids: Iterable[str]) -> dict[str, bool | None]:
+        """What became of each of *entry_ids*: ``True`` dropped by a purge (its tombstone
+        says so), ``False`` not yet taken, ``None`` taken or unknown (a key-run gate learns
+        this way that a waiting run it parked was purged: :mod:`~celery_extras.keyed.purged`)."""
         ...
 
 

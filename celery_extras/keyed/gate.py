@@ -45,13 +45,15 @@ from ..admission.serial import serial
 from ..admission.spec import call_key
 from ..admission.store_round import NO_REPLY, StoreCall
 from ..clock import monotonic, wall
-from ..delay.gate import hurry
 from ..settings import Setting, choice
 from ..store.client import store_user
+from .endings import KeyEndings
 from .held import Held, RunHolds, Waiting, per_task
 from .holds import KeyRunHolds
-from .runs import covered_messages, discarded_key, known_outcome, revoked_outcome
-from .table import KeyFinished, KeyVerdict
+from .owed import OwedEndings, Unfinished
+from .purged import ParkedRuns
+from .runs import discarded_key, known_outcome, revoked_outcome
+from .table import KeyVerdict
 
 __all__ = [
     "ASK_AGAIN",
@@ -110,7 +112,7 @@ def context_text(ticket: Ticket, label: str) -> str:
     return str(context)
 
 
-class KeyRunGate(Gate):
+class KeyRunGate(KeyEndings, Gate):
     """The holds of one key-run policy in one worker's consumer, as a gate of its pipeline."""
 
     hears_endings = True
@@ -139,6 +141,8 @@ class KeyRunGate(Gate):
         self.runs = RunHolds(self.holds.step_aside, self.holds.renew, self.label)
         self.waiting = Waiting()
         self.endings = CoveredEndings(app)
+        self.owed = OwedEndings(self.holds, f"{self.holders.worker}:owed", clock)
+        self.parked_runs = ParkedRuns(clock)
         self.notices = ReleaseNotices(self.wake, self.label)
         self.counts = {"runs": 0, self.rules.counter: 0, "waited": 0, "parked": 0, "unheld": 0}
         self.parks = True
@@ -217,8 +221,7 @@ class KeyRunGate(Gate):
             self.counts[self.rules.counter] += 1
             self.rules.signal.send(sender=ticket.name, request=ticket.request, by=verdict.by)
             if verdict.ended:  # by a run that has ended: it ends here, then is acked
-                self.endings.end_here(self._consumer, self._pipeline, ticket, verdict.by)
-                return QUEUED
+                return self._end_here(ticket, holding, verdict.by)
             return COVERED
         holding.due = verdict.due  # asked again then, and at the latest every ASK_AGAIN s
         holding.next_ask = holding.asked + min(ASK_AGAIN, holding.lease / 3, verdict.due + LATE)
@@ -282,20 +285,14 @@ class KeyRunGate(Gate):
         if ticket.retry_in is not None:
             self.runs.step_aside(ticket, holding, ticket.retry_in)
             return
-        done = self.holds.finish(holding.bucket, ticket.request.id, holding.holder,
-                                 *self.ending(ticket), reply=ticket.reply(self.label))  # fmt: skip
-        if done is None:
+        run = Unfinished(holding.bucket, ticket.request.id, holding.holder,
+                         self.ending(ticket), known_outcome(ticket))  # fmt: skip
+        done = self.holds.finish(run.bucket, run.run_id, run.holder, *run.ending,
+                                 reply=ticket.reply(self.label))  # fmt: skip
+        if done is None:  # unanswered (the store may have done it): asked again at each tick
+            self.owed.retry(run)
             return
-        self._end_covered(ticket.name, ticket.request.id, done, known_outcome(ticket))
-        if done.parked:
-            hurry(self._consumer, done.parked, self.rules.parked)
-        if holding.bucket in self.waiting:
-            self.wake(holding.bucket)
-
-    def _end_covered(self, name: str, by: str, done: KeyFinished, known: Any) -> None:
-        """End the messages run *by* covered with its outcome (stored, else *known*)."""
-        if done.covered:
-            self.endings.schedule(self._consumer, name, by, covered_messages(done), known=known)
+        self._finished(run, done)
 
     def _park_long_waits(self, now: float) -> None:
         """Park what waits here over ``extras_delay_max_hold``, for what is left of its wait."""
@@ -308,8 +305,7 @@ class KeyRunGate(Gate):
                 continue
             self.waiting.remove(bucket, ticket)
             self.counts["parked"] += 1
-            self.holds.park(bucket, ticket.request.id, holding.holder, entry, seconds,
-                            holding.lease)  # fmt: skip
+            self._parked(bucket, ticket.request.id, holding, entry, seconds)
 
     def _discarded(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         """``task_revoked``: were the message discarded its key's waiting one, or a run between
@@ -344,8 +340,11 @@ class KeyRunGate(Gate):
         """Renew the runs' holds due, ask again for the waiting due, park those held long."""
         now = self.clock()
         self.runs.renew(now)
+        if self.specs:  # a worker without the policy's tasks has nothing to end
+            self.owed.tick(self._finished, self._end_owed)
         self.ask_due()
         self._park_long_waits(now)
+        self._end_purged()
 
     def queued(self) -> int:
         return len(self.waiting) + len(self.endings.here)
@@ -356,6 +355,7 @@ class KeyRunGate(Gate):
             **self.counts,
             "lost_holds": self.runs.lost,
             **{f"covered_{what}": count for what, count in self.endings.counts.items()},
+            **{f"owed_{what}": count for what, count in self.owed.counts.items()},
             "holds": "shared" if self.holds.shared else "worker",
             **self.health.info(),
             "on_store_error": self.on_store_error,

@@ -17,7 +17,12 @@ from ..store.health import StoreUser
 from .runs import KeyHolds
 from .table import KeyFinished, KeyVerdict
 
-__all__ = ["KeyRunHolds", "KeyStore"]
+__all__ = ["ENDED_HERE", "NOTHING", "KeyRunHolds", "KeyStore"]
+
+#: What a finish answers when its message was no longer the key's run: nothing to end.
+NOTHING = KeyFinished([])
+#: How many ids of covered messages ended where they arrived a worker without a store keeps.
+ENDED_HERE = 10_000
 
 
 class KeyStore(Protocol):
@@ -50,6 +55,7 @@ class KeyRunHolds(KeyHolds[Any]):
                  connect: Callable[[Any, str], Any]) -> None:  # fmt: skip
         super().__init__(app, health, local, connect)
         self.rounds = hasattr(connect, "ask_call")
+        self._ended_here: dict[str, None] = {}  # without a store: the last ENDED_HERE ids
 
     def joins_rounds(self) -> bool:
         return self.rounds and super().joins_rounds()
@@ -70,14 +76,69 @@ class KeyRunHolds(KeyHolds[Any]):
                     may_wait: bool = False) -> StoreCall:  # fmt: skip
         """The store's finish, as data (for a round: :meth:`joins_rounds`)."""
         return self.store.finish_call(bucket, mid, holder, *ending,  # type: ignore[no-any-return]
-                                      may_wait=may_wait)  # fmt: skip
+                                      may_wait=may_wait, settle=True)  # fmt: skip
 
     def finish(self, bucket: Bucket, mid: str, holder: str, *ending: Any,
                reply: Any = NO_REPLY) -> KeyFinished | None:  # fmt: skip
-        """The run ended (*reply*: a round's reply to :meth:`finish_call`, read instead)."""
+        """The run ended (*reply*: a round's reply to :meth:`finish_call`, read instead): what
+        it covered (nothing when it was no longer the key's run); ``None`` when the store did
+        not answer (it may have done the finish: the caller asks again, and the store answers
+        with the endings the run still owes)."""
         if reply is not NO_REPLY:
-            return self.read(lambda: self.store.finished(bucket, reply))
-        return self.call(lambda h: h.finish(bucket, mid, holder, *ending))
+            done = self.read(lambda: (self.store.finished(bucket, reply) or NOTHING,))
+        else:
+            settle = {"settle": True} if self.shared else {}  # owed until ended (the store's)
+            done = self.call(
+                lambda h: (h.finish(bucket, mid, holder, *ending, **settle) or NOTHING,)
+            )
+        return None if done is None else done[0]
+
+    def ended(self, bucket: Bucket, by: str, holder: str) -> bool:
+        """The endings run *by* owed are published (shared holds: forgotten by the store);
+        ``False`` when the store did not answer."""
+        if not self.shared:
+            return True
+        return self.call(lambda h: (h.ended(bucket, by, holder), True)[1]) is not None
+
+    def mark_ended(self, bucket: Bucket, mid: str) -> None:
+        """Covered message *mid* was ended where it arrived (remembered: by the store, or
+        by this worker without one)."""
+        if not self.shared:
+            self._ended_here[mid] = None
+            while len(self._ended_here) > ENDED_HERE:
+                self._ended_here.pop(next(iter(self._ended_here)))
+            return
+        self.call(lambda h: h.mark_ended(bucket, mid))
+
+    def was_ended(self, bucket: Bucket, mid: str) -> bool:
+        """Whether covered message *mid* was ended already (``False`` when the store does
+        not answer: it is ended again, at least once)."""
+        if not self.shared:
+            return mid in self._ended_here
+        return bool(self.call(lambda h: h.was_ended(bucket, mid)))
+
+    def note_owed(self, bucket: Bucket) -> None:
+        """*bucket* owes endings (shared holds): a sweep finds it if its finisher dies."""
+        if self.shared:
+            self.call(lambda h: h.note_owed(bucket))
+
+    def owed_due(self, limit: int) -> list[Bucket]:
+        """Keys whose owed endings' claim may have run out (shared holds only)."""
+        if not self.shared or not self.health.up():
+            return []
+        return self.call(lambda h: h.owed_due(limit)) or []
+
+    def claim_owed(self, bucket: Bucket, holder: str) -> list[tuple[str, KeyFinished]] | None:
+        """The owed endings of *bucket* now claimed by *holder*, the key noted again while it
+        owes some, forgotten once it owes none; ``None`` when the store did not answer."""
+        got: tuple[int, list[tuple[str, KeyFinished]]] | None = self.call(
+            lambda h: h.claim_owed(bucket, holder)
+        )
+        if got is None:
+            return None
+        left, claimed = got
+        self.call(lambda h: h.note_owed(bucket) if left else h.forget_owed(bucket))
+        return claimed
 
     def step_aside(self, bucket: Bucket, mid: str, holder: str, seconds: float,
                    lease: float) -> bool | None:  # fmt: skip

@@ -4,24 +4,34 @@ Each key (a task and its policy's key) has one hash (:meth:`RedisKeyRuns.keys`, 
 tag so that a key's data shares a Redis Cluster slot); every operation is one call of the
 policy's script (after the server's time and ``key_holds.lua``, followed by ``key_ops.lua``),
 ARGV ``[operation, message id, holder, ...]``. A run that ends while its key has a message
-to start publishes the key on the policy's channel. No Celery import.
+to start publishes the key on the policy's channel. The endings a run owes stay in its key
+from its ``finish`` until ``ended`` (:meth:`RedisKeyRuns.ended`); a key owing endings is
+noted in the sorted set :meth:`RedisKeyRuns.owed_key` (outside its hash tag, so apart from
+the script), where a sweep finds those whose finisher died (:meth:`RedisKeyRuns.owed_due`).
+No Celery import.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from ..admission.notices import Bucket, bucket_tag, notice
+from ..admission.notices import Bucket, bucket_tag, notice, parse_notice
 from ..admission.store_round import ALWAYS, StoreCall, answered
 from ..scripts import register
 from .table import KeyFinished, KeyVerdict
 
-__all__ = ["RUNS", "RedisKeyRuns", "ms", "text"]
+__all__ = ["OWED", "RUNS", "RedisKeyRuns", "ms", "text"]
 
 #: A round's predicate on an ask's reply: true exactly when the message runs.
 RUNS = "reply[1] == 'run'"
+#: Seconds a finisher's claim on the endings its run owes lasts (key_holds.lua's OWED_MS):
+#: past it, a sweep of another worker claims and ends them.
+OWED = 30.0
+#: How long a covered message ended where it arrived is remembered as ended, ms.
+ENDED_MS = 86_400_000
 
 
 def ms(seconds: float) -> int:
@@ -68,14 +78,18 @@ class RedisKeyRuns:
         return KeyVerdict(cast("Any", text(reply[0])), text(reply[1]), due, ended)
 
     def finish_call(self, bucket: Bucket, mid: str, holder: str, *ending: Any,
-                    may_wait: bool = False) -> StoreCall:  # fmt: skip
+                    may_wait: bool = False, settle: bool = False) -> StoreCall:  # fmt: skip
         """:meth:`finish`'s script call, as data (see :attr:`StoreCall.may_wait`)."""
-        return self._data(bucket, "finish", mid, holder, *ending, may_wait=may_wait)
+        op = "settle" if settle else "finish"
+        return self._data(bucket, op, mid, holder, *ending, may_wait=may_wait)
 
-    def finish(self, bucket: Bucket, mid: str, holder: str, *ending: Any) -> KeyFinished | None:
+    def finish(self, bucket: Bucket, mid: str, holder: str, *ending: Any,
+               settle: bool = False) -> KeyFinished | None:  # fmt: skip
         """Run *mid* ended: what it covered (a message waiting is told through the channel),
-        or ``None`` when it was no longer the key's run."""
-        return self.finished(bucket, self.finish_call(bucket, mid, holder, *ending)())
+        or ``None`` when it was no longer the key's run. *settle*: the store keeps what it
+        covered owed until :meth:`ended` (and answers a finish asked again with it)."""
+        return self.finished(bucket, self.finish_call(bucket, mid, holder, *ending,
+                                                      settle=settle)())  # fmt: skip
 
     def finished(self, bucket: Bucket, reply: Any) -> KeyFinished | None:
         """:meth:`finish`'s answer from its script's *reply* (raised if a round's error)."""
@@ -86,6 +100,51 @@ class RedisKeyRuns:
             self.client.publish(self.channel, notice(*bucket))
         covered, contexts = self.covered(reply[2:])
         return KeyFinished(covered, text(reply[1]), contexts)
+
+    def ended(self, bucket: Bucket, by: str, holder: str) -> int:
+        """The endings run *by* owed are published: forgotten (the key no longer noted once
+        it owes none); how many runs of the key still owe endings."""
+        left = int(self._call(bucket, "ended", by, holder))
+        if not left:
+            self.forget_owed(bucket)
+        return left
+
+    def claim_owed(self, bucket: Bucket, holder: str) -> tuple[int, list[tuple[str, KeyFinished]]]:
+        """The endings of *bucket* whose claim ran out (or *holder*'s), claimed by *holder*:
+        how many runs of the key owe endings now, and each claimed run with what it covered."""
+        reply = self._call(bucket, "owed", "", holder)
+        claimed = []
+        for by, ids, contexts in reply[1]:
+            covered, kept = self.covered([ids, contexts])
+            claimed.append((text(by), KeyFinished(covered, "", kept)))
+        return int(reply[0]), claimed
+
+    def mark_ended(self, bucket: Bucket, mid: str) -> None:
+        """Covered message *mid* was ended where it arrived: a delivery of it again (its
+        ack lost) is acked without a second ending, for a day."""
+        self.client.set(f"{self.hash_key(*bucket)}:e:{mid}", 1, px=ENDED_MS)
+
+    def was_ended(self, bucket: Bucket, mid: str) -> bool:
+        """Whether covered message *mid* was ended already (:meth:`mark_ended`)."""
+        return bool(self.client.exists(f"{self.hash_key(*bucket)}:e:{mid}"))
+
+    def owed_key(self) -> str:
+        """The sorted set of keys that owe endings, by when their claim runs out (ms)."""
+        return f"{self.prefix}:{self.kind}:owed"
+
+    def note_owed(self, bucket: Bucket, seconds: float = OWED) -> None:
+        """*bucket* owes endings: a sweep looks at it in *seconds*."""
+        self.client.zadd(self.owed_key(), {notice(*bucket): (time.time() + seconds) * 1000})
+
+    def forget_owed(self, bucket: Bucket) -> None:
+        """*bucket* owes no endings any more."""
+        self.client.zrem(self.owed_key(), notice(*bucket))
+
+    def owed_due(self, limit: int) -> list[Bucket]:
+        """At most *limit* keys whose owed endings' claim may have run out."""
+        raw = self.client.zrangebyscore(self.owed_key(), "-inf", time.time() * 1000,
+                                        start=0, num=limit)  # fmt: skip
+        return [bucket for one in raw if (bucket := parse_notice(one)) is not None]
 
     def drop(self, bucket: Bucket, mid: str) -> KeyFinished | None:
         """Celery discarded *mid* before it ran (see the tables'): what it covered."""

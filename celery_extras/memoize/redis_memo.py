@@ -52,12 +52,13 @@ class RedisMemo(RedisKeyRuns):
         return self.verdict(self.ask_call(bucket, mid, holder, lease, retries, context)())
 
     def finish_call(self, bucket: Bucket, mid: str, holder: str, *ending: Any,
-                    may_wait: bool = False) -> StoreCall:  # fmt: skip
+                    may_wait: bool = False, settle: bool = False) -> StoreCall:  # fmt: skip
         """The finish of run *mid*, its result kept *ending* ``[0]`` seconds (0: not kept),
         then at most *ending* ``[1]`` keys of the task kept."""
         kept, max_keys = ending
         kept_ms = ms(kept) if kept > 0 else 0
-        return super().finish_call(bucket, mid, holder, kept_ms, max_keys, may_wait=may_wait)
+        return super().finish_call(bucket, mid, holder, kept_ms, max_keys, may_wait=may_wait,
+                                   settle=settle)  # fmt: skip
 
     def invalidate(self, bucket: Bucket) -> bool:
         """Forget the key's kept result: whether it had one."""

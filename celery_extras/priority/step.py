@@ -1,11 +1,19 @@
 """Worker bootstep: with ``extras_priority`` on, requests wait for a pool process in
 priority order, and the Redis transport has ten levels.
 
-After Celery's ``Pool`` step made the worker's semaphore (a prefork pool, or any pool on an
-event loop that uses one), the semaphore's waiting list becomes a
-:class:`~.waiting.PriorityWaiters`. A pool without that semaphore (threads, gevent,
-eventlet, solo) takes its messages in the broker's order, which on Redis is the ten
-distinct levels; the step says so once at start.
+The request that goes to a free pool slot is the best waiting then, whenever it was
+fetched, on every pool that runs tasks beside the consumer:
+
+* prefork: after Celery's ``Pool`` step made the worker's semaphore, its waiting list
+  becomes a :class:`~.waiting.PriorityWaiters`;
+* threads, gevent, eventlet (no such semaphore): :func:`~.dispatch.hold_requests` puts a
+  :class:`~.dispatch.HeldDispatch` in the worker's ``process_task``, which holds what the
+  pool has no room for in the same list until a task ends.
+
+solo runs each task inline in the consumer, as it is delivered (nothing ever waits for a
+slot), and prefork with ``worker_pool_putlocks = False`` hands every request straight to
+the pool: their requests run in the broker's order, which on Redis is the ten distinct
+levels; the step says so once at start, and ``inspect stats`` shows ``at_dispatch``.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from celery import bootsteps
 from .. import compat
 from ..settings import settings_of
 from .buffer import PriorityBuffer
+from .dispatch import HeldDispatch, hold_requests
 from .transport import distinct_levels
 from .waiting import PriorityWaiters, level_function
 
@@ -58,6 +67,7 @@ class PriorityStep(bootsteps.StartStopStep):
         self.aging: float | None = settings["priority_aging"]
         self.extra: int | None = settings["priority_prefetch"]
         self.waiters: PriorityWaiters | None = None
+        self.dispatch: HeldDispatch | None = None
         self.broker = ""
         if self.enabled:
             distinct_levels(parent.app)  # before the consumer connects
@@ -69,27 +79,35 @@ class PriorityStep(bootsteps.StartStopStep):
         with app.connection_for_write() as connection:  # not connected: its transport's kind
             self.broker = connection.transport.driver_type
         level_of = level_function(self.broker, max_priorities(app))
-        semaphore = getattr(parent, "semaphore", None)
-        if (
-            level_of is None
-            or semaphore is None
-            or parent.process_task != getattr(parent, "_process_task_sem", None)
-        ):
+        consumer = lambda: getattr(parent, "consumer", None)  # noqa: E731 (made after this)
+        waiters = None if level_of is None else PriorityWaiters(
+            PriorityBuffer(self.aging), level_of, consumer, self.extra)  # fmt: skip
+        if waiters is not None and _semaphore_fed(parent):
+            if compat.order_semaphore_waiting(parent.semaphore, waiters):
+                self.waiters = waiters
+        elif waiters is not None:
+            self.dispatch = hold_requests(parent, waiters, consumer)
+            self.waiters = waiters if self.dispatch is not None else None
+        if self.waiters is None:
             logger.info(
                 "celery-extras: priority: tasks reach this pool (%s) in the broker's order",
                 getattr(parent.pool_cls, "__name__", parent.pool_cls),
             )  # fmt: skip
-            return
-        consumer = lambda: getattr(parent, "consumer", None)  # noqa: E731 (made after this)
-        waiters = PriorityWaiters(PriorityBuffer(self.aging), level_of, consumer, self.extra)
-        if compat.order_semaphore_waiting(semaphore, waiters):
-            self.waiters = waiters
 
     def info(self, parent: Any) -> dict[str, Any]:
         if not self.enabled:
             return {}
         shown: dict[str, Any] = {"broker": self.broker, "aging": self.aging,
                                  "at_dispatch": self.waiters is not None}  # fmt: skip
-        if self.waiters is not None:
+        if self.dispatch is not None:
+            shown.update(self.dispatch.info())
+        elif self.waiters is not None:
             shown.update(self.waiters.info())
         return {"extras_priority": shown}
+
+
+def _semaphore_fed(parent: Any) -> bool:
+    """Whether Celery hands requests to the pool through the worker's semaphore (prefork)."""
+    return getattr(parent, "semaphore", None) is not None and parent.process_task == getattr(
+        parent, "_process_task_sem", None
+    )

@@ -14,7 +14,8 @@
 --           -> {'run'|'wait'|'covered', covering id, ms until the run's lease ends (wait),
 --               1 if the covering run has ended}
 --   finish  -> {} (no longer the run) or {1 if a run waits else 0, its parked entry or '',
---              {covered ids...}, {their contexts, '' for none...}}
+--              {covered ids...}, {their contexts, '' for none...}}: owed until op ended
+--              (asked again after the run ended: what it still owes, key_cover.lua)
 --   dropped -> {} (held nothing) or {1, {covered ids...}, {their contexts...}}: Celery
 --              discarded the waiting run (or the run between attempts) before it ran
 --   forget  -> 1
@@ -73,8 +74,9 @@ if op == 'ask' then
   end
   return answered(reply, ARGV[10], save, lease)
 elseif op == 'finish' then
-  local covered, contexts = end_run(run, save)
+  local covered, contexts, again = end_run(run, save)
   if not covered then return {} end
+  if again then return {wait and 1 or 0, '', covered, contexts} end
   redis.call('HSET', h, 'last', cjson.encode({id = run.id, c = run.c, u = now}))
   run = nil
   save(0)

@@ -117,7 +117,9 @@ if op == 'ask' then
   return reply
 elseif op == 'finish' then
   if not run or run.id ~= mid or run.h ~= holder then
+    local ids, contexts = owed_again()  -- asked again, its reply lost: what it still owes
     save(0)
+    if ids then return {0, '', ids, contexts} end
     return {}
   end
   local list = h .. ':c:' .. mid
@@ -134,6 +136,7 @@ elseif op == 'finish' then
       table.insert(contexts, '')
     end
   end
+  owe(mid, covered, contexts)  -- until op ended
   redis.call('HSET', h, 'last', cjson.encode({id = run.id, s = run.s, q = run.q, u = now + DAY}))
   run = nil
   save(0)

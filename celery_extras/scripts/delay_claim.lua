@@ -1,5 +1,5 @@
--- Follows now_ms.lua; sent after the `#!lua flags=allow-oom` line (see redis_store.py).
--- KEYS: due, meta, msg, taken, released. ARGV: lead ms, lease ms, tombstone ttl ms, max tokens,
+-- Follows now_ms.lua and delay_parked.lua; sent after the `#!lua flags=allow-oom` line (see redis_store.py).
+-- KEYS: due, meta, msg, taken, released, parked. ARGV: lead ms, lease ms, tombstone ttl ms, max tokens,
 -- lookahead ms, window, pace (entries per second), tokens... Claims the entries due within the
 -- lead (parked, or whose lease or re-check ended); then, while fewer than `window` released
 -- entries wait to be taken, the ETA and retry entries of a herd: never claimed, due within the
@@ -23,6 +23,7 @@ local function decode(id)
   if not ok or type(m) ~= 'table' or m.x or not msg then
     redis.call('ZREM', KEYS[1], id)
     if not (ok and type(m) == 'table' and m.x) then
+      if ok then count_down(m) end
       redis.call('HDEL', KEYS[2], id)
       redis.call('HDEL', KEYS[3], id)
     end
@@ -75,6 +76,11 @@ end
 local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - tonumber(ARGV[3]), 'LIMIT', 0, 200)
 for _, id in ipairs(old) do
   redis.call('ZREM', KEYS[4], id)
+  local raw = redis.call('HGET', KEYS[2], id)
+  if raw and string.find(raw, '"q"', 1, true) then  -- taken by an older release (an upgrade)
+    local ok, m = pcall(cjson.decode, raw)
+    if ok then count_down(m) end
+  end
   redis.call('HDEL', KEYS[2], id)
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')

@@ -1,5 +1,5 @@
--- Follows now_ms.lua; sent after the `#!lua flags=allow-oom` line (see redis_store.py).
--- KEYS: due, meta, msg, taken, released. ARGV: HSCAN cursor of msg ('0' to start), page size,
+-- Follows now_ms.lua and delay_parked.lua; sent after the `#!lua flags=allow-oom` line (see redis_store.py).
+-- KEYS: due, meta, msg, taken, released, parked. ARGV: HSCAN cursor of msg ('0' to start), page size,
 -- selection JSON {"q": [queue], "r": [[exchange, routing key]], "n": [task name]}.
 -- Drops the entries of one page of msg (every entry not yet taken: parked, claimed or
 -- released) that the selection names: recording a queue of q; recording none, routed by a pair
@@ -51,6 +51,7 @@ for i = 1, #page, 2 do
     if hit then
       if type(m.c) == 'table' and #m.c > 0 then moving = moving + 1 else parked = parked + 1 end
       m.x = '!purged'
+      count_down(m)
       redis.call('HSET', KEYS[2], id, cjson.encode(m))
       redis.call('HDEL', KEYS[3], id)
       redis.call('ZREM', KEYS[1], id)

@@ -1,5 +1,5 @@
--- Follows now_ms.lua; sent after the `#!lua flags=allow-oom` line (see redis_store.py).
--- KEYS: due, meta, msg, taken, released. ARGV: id, task id, token.
+-- Follows now_ms.lua and delay_parked.lua; sent after the `#!lua flags=allow-oom` line (see redis_store.py).
+-- KEYS: due, meta, msg, taken, released, parked. ARGV: id, task id, token.
 -- Returns {status, due in ms, kind}: status 0 unknown, 1 taken, 2 redelivered, 3 duplicate,
 -- 4 purged (a copy of an entry dropped by `celery purge` or `extras delayed --drop`).
 
@@ -20,6 +20,7 @@ if m.x then
   return {3, due_in, kind}
 end
 m.x = ARGV[3]
+count_down(m)
 redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(m))
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])

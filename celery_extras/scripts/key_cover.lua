@@ -4,8 +4,10 @@
 -- orphan(id): the hold *id* ran out: it and what it covered are orphans;
 -- keep_context(reply, context): *mid*, covered by a hold that has not ended, keeps its
 -- ending *context* until that run ends;
--- end_run(run, save): the covered ids and their contexts, taken out, when *mid* is *run*
--- held by *holder*; else nil (the holds saved).
+-- end_run(run, save): the covered ids and their contexts, taken out and owed by *mid* until
+-- their endings are published, when *mid* is *run* held by *holder*; when *mid* ended
+-- already (a finish asked again, its reply lost) those it still owes, and true; else nil
+-- (the holds saved).
 
 local function take_contexts(ids)
   local contexts = {}
@@ -38,9 +40,12 @@ local function answered(reply, context, save, lease)
 end
 local function end_run(run, save)
   if not run or run.id ~= mid or run.h ~= holder then
+    local ids, contexts = owed_again()
     save(0)
-    return nil
+    return ids, contexts, ids ~= nil
   end
   local covered = release(mid)
-  return covered, take_contexts(covered)
+  local contexts = take_contexts(covered)
+  owe(mid, covered, contexts)
+  return covered, contexts, false
 end

@@ -44,8 +44,9 @@ if op == 'ask' then
   end
   return answered(reply, ARGV[8], save, lease)
 elseif op == 'finish' then
-  local covered, contexts = end_run(run, save)
+  local covered, contexts, again = end_run(run, save)
   if not covered then return {} end
+  if again then return {0, '', covered, contexts} end
   local kept, most = tonumber(ARGV[4]), tonumber(ARGV[5])
   if kept > 0 and run.x ~= 1 then
     redis.call('HSET', h, 'last', cjson.encode({id = mid, u = now + kept}))

@@ -155,8 +155,9 @@ def _read_priority(infos: Mapping[str, Any]) -> Any:
 
 
 def _read_queues(infos: Mapping[str, Any]) -> dict[str, dict[str, float]] | None:
-    """Per queue: depth on the broker, age of its oldest message (when known), messages
-    buffered in the worker (``extras_queue_figures``, plus what the fair consumer holds)."""
+    """Per queue: depth on the broker, age of its oldest message (when known), entries the
+    delay store holds for it (when read), messages buffered in the worker
+    (``extras_queue_figures``, plus what the fair consumer holds)."""
     figures = _field(infos, "extras_queue_figures", "queues")
     if not isinstance(figures, dict):
         return None
@@ -165,7 +166,7 @@ def _read_queues(infos: Mapping[str, Any]) -> dict[str, dict[str, float]] | None
     for queue, entry in figures.items():
         if not isinstance(entry, dict):
             continue
-        kept = {k: entry[k] for k in ("depth", "oldest", "buffered") if is_number(entry.get(k))}
+        kept = {k: entry[k] for k in _QUEUE_FIGURES if is_number(entry.get(k))}
         kept["buffered"] = int(kept.get("buffered", 0)) + held.get(str(queue), 0)
         out[str(queue)] = kept
     return out
@@ -246,6 +247,7 @@ def _check_concurrency(value: Any) -> dict[str, dict[str, int]] | None:
 _QUEUE_FIGURES: dict[str, Callable[[Any], bool]] = {
     "depth": count,
     "oldest": lambda v: is_number(v, minimum=0),
+    "parked": count,
     "buffered": count,
 }
 
@@ -264,14 +266,14 @@ def _check_queues(value: Any) -> dict[str, dict[str, float]] | None:
 
 
 def _merge_queues(values: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """The cluster's figures per queue: the largest depth and age the workers read (each
-    read the same broker at its tick), the sum of what they buffer."""
+    """The cluster's figures per queue: the largest depth, age and parked count the workers
+    read (each read the same broker and store at its tick), the sum of what they buffer."""
     merged: dict[str, dict[str, float]] = {}
     for value in values:
         for queue, entry in value.items():
             into = merged.setdefault(queue, {"buffered": 0})
             into["buffered"] += entry.get("buffered", 0)
-            for name in ("depth", "oldest"):
+            for name in ("depth", "oldest", "parked"):
                 if name in entry:
                     into[name] = max(into.get(name, 0), entry[name])
     return merged
@@ -536,7 +538,7 @@ GAUGES: tuple[Gauge, ...] = (
         read=_read_queues,
         check=_check_queues,
         expected="map queue names to {'depth': int >= 0, 'oldest': number >= 0, "
-        "'buffered': int >= 0} (depth and oldest when known)",
+        "'parked': int >= 0, 'buffered': int >= 0} (depth, oldest and parked when known)",
         families=(
             Family(
                 "celery_extras_queue_prefetched",
@@ -562,6 +564,13 @@ GAUGES: tuple[Gauge, ...] = (
                 "(Redis only: RabbitMQ cannot tell it)",
                 ("queue",),
                 _queue_figure("oldest"),
+            ),
+            Family(
+                "celery_extras_queue_parked",
+                "Tasks of the queue the delay store holds, not yet taken by a worker (parked, "
+                "or published to its due queue), from the counts the store keeps",
+                ("queue",),
+                _queue_figure("parked"),
             ),
         ),
     ),

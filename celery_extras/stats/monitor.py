@@ -192,18 +192,20 @@ def render(
 
 def queue_rows(queues: Mapping[str, Mapping[str, float]], name_width: int) -> list[str]:
     """The cluster's queue figures (:mod:`.queue_step`): per queue its depth on the broker,
-    its oldest message's age (``-`` where the broker cannot tell it) and what workers hold."""
+    its oldest message's age (``-`` where the broker cannot tell it), what the delay store
+    holds for it (``-`` where no store was read) and what workers hold."""
     if not queues:
         return []
     rows = ["queues".ljust(name_width) + "depth".rjust(9) + "oldest".rjust(10)
-            + "prefetched".rjust(12)]  # fmt: skip
+            + "parked".rjust(9) + "prefetched".rjust(12)]  # fmt: skip
     for name in sorted(queues):
         entry = queues[name]
-        oldest = entry.get("oldest")
+        oldest, parked = entry.get("oldest"), entry.get("parked")
         rows.append(
             truncate("  " + printable(name), name_width - 1).ljust(name_width)
             + str(int(entry.get("depth", 0))).rjust(9)
             + ("-" if oldest is None else f"{oldest:.1f}s").rjust(10)
+            + ("-" if parked is None else str(int(parked))).rjust(9)
             + str(int(entry.get("buffered", 0))).rjust(12)
         )
     return rows

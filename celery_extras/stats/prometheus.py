@@ -23,8 +23,8 @@ Following Prometheus' conventions (labels ``worker`` and ``task`` on each):
   waiting for one), ``celery_extras_queue_prefetched{worker, queue}`` (messages of a queue
   in the worker, not yet running) and ``celery_extras_worker_last_event_age_seconds{worker}``.
 * Queue figures, cluster-wide (no ``worker`` label: the largest the workers read):
-  ``celery_extras_queue_depth{queue}`` and ``celery_extras_queue_oldest_seconds{queue}``
-  (Redis only).
+  ``celery_extras_queue_depth{queue}``, ``celery_extras_queue_oldest_seconds{queue}``
+  (Redis only) and ``celery_extras_queue_parked{queue}`` (what the delay store holds).
 * Windowed figures, gauges named for what they are:
   ``celery_extras_window_tasks{worker, task, window, state}`` (count over the last
   ``window`` seconds) and ``celery_extras_window_runtime_seconds{worker, task,
@@ -183,8 +183,8 @@ class ThroughputCollector:
 
 
 def cluster_families(states: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily]:
-    """The gauges' cluster-wide families (no ``worker`` label: the queues' depth and age),
-    from the workers' merged values."""
+    """The gauges' cluster-wide families (no ``worker`` label: the queues' depth, age and
+    parked tasks), from the workers' merged values."""
     for gauge in gauges.GAUGES:
         if not gauge.cluster or gauge.merge is None:
             continue

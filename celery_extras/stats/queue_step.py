@@ -2,10 +2,13 @@
 
 For every queue the worker consumes and every queue in ``task_queues``: its depth on
 the broker and the age of its oldest message (:mod:`.queue_reader`: one broker read per
-queue per tick), and the messages of it buffered in this worker (prefetched, not yet
-running, plus what the fair consumer holds). A thread of its own reads the broker every
-``extras_stats_interval`` seconds on a connection of its own, so the worker's loop never
-waits on the broker for them; :meth:`QueueFiguresStep.info` gives the last reading as
+queue per tick), what the delay store holds for it (entries not yet taken, from the counts
+the store keeps: :meth:`.RedisDelayStore.parked_by_queue`, one read per shard per tick,
+never a walk of the entries; left out where the app has no store or it did not answer),
+and the messages of it buffered in this worker (prefetched, not yet running, plus what the
+fair consumer holds). A thread of its own reads the broker and the store every
+``extras_stats_interval`` seconds on connections of its own, so the worker's loop never
+waits on either for them; :meth:`QueueFiguresStep.info` gives the last reading as
 ``extras_queue_figures`` (``inspect stats``, and the ``queues`` gauge of the events).
 Off with ``extras_stats_queue_figures = False``.
 """
@@ -22,11 +25,14 @@ from celery.worker.consumer.tasks import Tasks
 from .. import compat
 from ..clock import wall
 from ..delay.entry import DUE_SUFFIX
+from ..delay.parking import Parker
+from ..delay.redis_store import RedisDelayStore
 from ..settings import settings_of
+from ..store.client import store_url
 from ..threads import FORK_GATE, start_thread
 from .queue_reader import READABLE, Figures, QueueReader, reader_for
 
-__all__ = ["INFO_KEY", "QueueFiguresStep", "buffered_by_queue"]
+__all__ = ["INFO_KEY", "QueueFiguresStep", "buffered_by_queue", "parked_by_queue"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +53,19 @@ def buffered_by_queue(requests: Any, running: Any, routes: dict[str, str]) -> di
         if queue is not None:
             counts[queue] = counts.get(queue, 0) + 1
     return counts
+
+
+def parked_by_queue(counts: dict[str, int], queues: list[str], routes: dict[str, str]
+                    ) -> dict[str, int]:  # fmt: skip
+    """The store's *counts* (by the queue an entry records, else its routing key) per queue
+    of *queues*, a routing key counted for the queue it names in *routes*; counts for
+    queues this worker does not know are left out."""
+    out: dict[str, int] = {}
+    for name, n in counts.items():
+        queue = name if name in queues else routes.get(name)
+        if queue is not None:
+            out[queue] = out.get(queue, 0) + n
+    return out
 
 
 def _timeouts(driver: str) -> dict[str, float]:
@@ -70,6 +89,9 @@ class QueueFiguresStep(bootsteps.StartStopStep):
         self.figures: dict[str, Figures] = {}
         self.read_at: float | None = None
         self.reads = 0  # broker reads made, for the figures' cost
+        self.parked: dict[str, int] | None = None  # the store's counts per queue, when read
+        self.store_reads = 0  # store reads made (one per shard per tick), for the cost
+        self._store_failed = False
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed = False
@@ -103,13 +125,30 @@ class QueueFiguresStep(bootsteps.StartStopStep):
         connection = app.connection_for_read(transport_options=_timeouts(driver))
         return reader_for(connection, wall)
 
+    @staticmethod
+    def _store(app: Any) -> RedisDelayStore | None:
+        """The app's delay store (its own client, off the loop), or ``None`` without one."""
+        if store_url(app) is None:
+            return None
+        try:
+            store = Parker(app, background=True).store
+        except Exception as exc:  # a store setting that cannot work: no counts, said once
+            logger.warning("celery-extras: parked counts not read (%r)", exc)
+            return None
+        return store if isinstance(store, RedisDelayStore) else None
+
     def _run(self, app: Any, stopped: threading.Event) -> None:
-        if getattr(app.connection_for_read().transport, "driver_type", "") not in READABLE:
-            return  # a transport with no reader (memory, filesystem...): nothing to read
+        readable = getattr(app.connection_for_read().transport, "driver_type", "") in READABLE
+        store = self._store(app)
+        if not readable and store is None:
+            return  # a transport with no reader (memory, filesystem...) and no store
         reader: list[QueueReader | None] = [None]
         while not stopped.is_set():
             with FORK_GATE.operation():
-                self.read_once(app, reader)
+                if readable:
+                    self.read_once(app, reader)
+                if store is not None:
+                    self.read_parked(store)
             stopped.wait(self.interval)
         if reader[0] is not None:
             reader[0].close()
@@ -135,14 +174,32 @@ class QueueFiguresStep(bootsteps.StartStopStep):
                 reader[0].close()
                 reader[0] = None
 
+    def read_parked(self, store: RedisDelayStore) -> None:
+        """The store's counts per queue (one read per shard); a failure is logged once and
+        leaves them unknown until the store answers."""
+        try:
+            counts = store.parked_by_queue()
+            self.store_reads += len(store.shards())
+        except Exception as exc:  # the store's trouble (STORE_ERRORS): the next tick asks
+            if not self._store_failed:
+                logger.warning("celery-extras: parked counts not read (%r)", exc)
+            self._store_failed = True
+            self.parked = None
+            return
+        self.parked = parked_by_queue(counts, self.queues, self.routes)
+        self._store_failed = False
+
     def info(self, c: Any) -> dict[str, Any]:
         buffered = buffered_by_queue(
             compat.reserved_requests(), compat.active_requests(), self.routes
         )
+        parked = self.parked
         queues: dict[str, dict[str, Any]] = {}
         for name in self.queues:
             entry: dict[str, Any] = dict(self.figures.get(name, {}))
             entry["buffered"] = buffered.get(name, 0)
+            if parked is not None:
+                entry["parked"] = parked.get(name, 0)
             queues[name] = entry
         return {INFO_KEY: {"queues": queues, "read_at": self.read_at, "reads": self.reads,
-                           "interval": self.interval}}  # fmt: skip
+                           "store_reads": self.store_reads, "interval": self.interval}}  # fmt: skip

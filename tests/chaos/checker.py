@@ -203,35 +203,70 @@ def _limits(history: History, starts: list[dict[str, Any]]) -> list[Violation]:
     return found
 
 
+def _body_key(e: dict[str, Any]) -> tuple[Any, ...]:
+    """What one body's start and end entries share: the id, attempt, worker and process."""
+    return e["id"], e.get("retries", 0), e["worker"], e.get("pid")
+
+
+def _bodies(history: History, starts: list[dict[str, Any]], ends: list[dict[str, Any]]
+            ) -> list[tuple[float, float, dict[str, Any]]]:  # fmt: skip
+    """Each body's ``(start, end, start entry)``: a start is paired with the first end after
+    it of the same body (:func:`_body_key`), so a message run twice is two bodies, each with
+    its own end (seed 665725: a body run again 30 s later, after its ack was lost with a
+    restarted broker, was counted as running all along with the last end of its id). A body
+    that never ended ends at its worker's next SIGKILL, or runs 60 s."""
+    pending: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    for e in sorted(ends, key=lambda e: e["t"]):
+        pending[_body_key(e)].append(e["t"])
+    bodies = []
+    for e in sorted(starts, key=lambda e: e["t"]):
+        queue = pending[_body_key(e)]
+        later = next((i for i, t in enumerate(queue) if t >= e["t"]), None)
+        if later is not None:
+            end = queue.pop(later)
+        else:
+            kills = [
+                w.start
+                for w in history.windows
+                if w.kind == "kill" and w.worker == e["worker"] and w.start >= e["t"]
+            ]
+            end = min(kills, default=e["t"] + 60.0)
+        bodies.append((e["t"], end, e))
+    return bodies
+
+
 def _caps(history: History, starts: list[dict[str, Any]], ends: list[dict[str, Any]]
           ) -> list[Violation]:  # fmt: skip
-    """No cap exceeded, but after a dead holder's lease or while the store is away."""
-    ended = {(e["id"], e.get("retries", 0)): e["t"] for e in ends}
+    """No cap exceeded, but after a dead holder's lease or while the store is away; a finding
+    names the bodies running at once (id, attempt, worker, start and end), the first of
+    each owner."""
     found = []
     for task, cap in history.caps.items():
-        events = []
-        for e in starts:
-            if e["task"] != task:
-                continue
-            end = ended.get((e["id"], e.get("retries", 0)))
-            if end is None:
-                kills = [
-                    w.start
-                    for w in history.windows
-                    if w.kind == "kill" and w.worker == e["worker"] and w.start >= e["t"]
-                ]
-                end = min(kills, default=e["t"] + 60.0)  # fmt: skip
-            events += [(e["t"], 1), (end, -1)]
-        running = 0
-        for t, step in sorted(events, key=lambda ev: (ev[0], ev[1])):
-            running += step
-            if running > cap:
+        bodies = _bodies(history, [e for e in starts if e["task"] == task],
+                         [e for e in ends if e["task"] == task])  # fmt: skip
+        events = sorted([(start, 1, i) for i, (start, _, _) in enumerate(bodies)]
+                        + [(end, -1, i) for i, (_, end, _) in enumerate(bodies)],
+                        key=lambda ev: (ev[0], ev[1]))  # fmt: skip
+        running: set[int] = set()
+        # the first excess of each owner is reported: one excused (a store stall's) hides no
+        # later one of ours
+        owners: set[str] = set()
+        for t, step, i in events:
+            (running.add if step > 0 else running.discard)(i)
+            if len(running) > cap:
                 owner = ("fallback" if history.near(t, STORE_FAULTS, after=6.0)
                          else "lease" if history.near(t, ("kill",), after=6.0)
                          else "celery-extras")  # fmt: skip
-                found.append(Violation("cap", f"{task}: {running} running at {t:.3f} for "
-                                              f"concurrency({cap})", owner))  # fmt: skip
-                break
+                if owner in owners:
+                    continue
+                owners.add(owner)
+                at_once = "; ".join(
+                    f"{e['id']} attempt {e.get('retries', 0)} on {e['worker']} "
+                    f"{start:.3f}-{end:.3f}"
+                    for start, end, e in sorted((bodies[j] for j in running), key=lambda b: b[0])
+                )  # fmt: skip
+                found.append(Violation("cap", f"{task}: {len(running)} running at {t:.3f} for "
+                                              f"concurrency({cap}): {at_once}", owner))  # fmt: skip
     return found
 
 

@@ -26,6 +26,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_extras.coalesce.redis_holds import RedisHolds
 from celery_extras.stats.listener import ClusterState, Listener
 from tests.support import proj
 from tests.support.brokers import REDIS_URL, Restartable, require_broker, restartable_broker
@@ -51,6 +52,16 @@ def client(request: pytest.FixtureRequest) -> Any:
 
 
 STORES = ("default", "redis-cluster")
+
+
+@pytest.fixture
+def holds(client: Any) -> Iterator[RedisHolds]:
+    """Coalescing's store part on *client*, under a prefix of its own (removed after); a
+    module may define its own ``holds`` (debounce's, memoize's)."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    yield RedisHolds(client, prefix)
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
 
 
 def also_on_redis_cluster(broker: str) -> pytest.MarkDecorator:

@@ -5,8 +5,7 @@ Redis Cluster, with the server's clock. No worker and no broker here."""
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,14 +13,6 @@ import redis
 
 from celery_extras.coalesce.redis_holds import RedisHolds
 from tests.unit.test_coalesce_table import KEY, SCENARIOS, Harness
-
-
-@pytest.fixture
-def holds(client: Any) -> Iterator[RedisHolds]:
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    yield RedisHolds(client, prefix)
-    for key in client.scan_iter(f"{prefix}:*"):
-        client.delete(key)
 
 
 def _harness(holds: RedisHolds, client: Any) -> Harness:

@@ -93,12 +93,20 @@ def test_redis_levels_are_distinct_fifo_and_chosen_at_dispatch(
 
 
 @pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
-def test_rabbitmq_high_chosen_at_dispatch(cluster: Cluster, journal: Journal) -> None:
-    cluster.configure(extras_priority=True, task_queue_max_priority=9)
-    cluster.worker("w1", concurrency=1)
+@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent"])
+def test_rabbitmq_high_chosen_at_dispatch(cluster: Cluster, journal: Journal, pool: str) -> None:
+    """On gevent and eventlet Celery's consumer loop drains its events connection for 0.1 s
+    each turn while AMQP heartbeats are on, so it reads at most ten messages a second and
+    applies a widened window only between reads: a high waits behind the messages already
+    on the socket (0.2, 1.24, 0.2, 0.19, 0.21 s measured). Without heartbeats it does not."""
+    conf: dict[str, Any] = {"broker_heartbeat": 0} if pool == "gevent" else {}
+    cluster.configure(extras_priority=True, task_queue_max_priority=9, **conf)
+    worker = cluster.worker("w1", concurrency=1, pool=pool)
     delays = start_delays(cluster, journal, high=9, low=0, probes=3)  # RabbitMQ: 9 first
-    print(f"\nrabbitmq: a 9 behind busy 0.2 s lows started after {delays} s")
+    print(f"\n{pool}, rabbitmq: a 9 behind busy 0.2 s lows started after {delays} s")
     assert max(delays) <= 0.35, delays
+    shown = cluster.stats(worker.hostname)["extras_priority"]
+    assert shown["at_dispatch"] is True and shown["broker"] == "amqp"
 
 
 @pytest.mark.parametrize("broker", ["redis"], indirect=True)
@@ -143,8 +151,10 @@ def test_fair_queues_weigh_queues_and_priority_orders_within_each(
 def test_other_pools_run_a_backlog_in_the_ten_levels(
     cluster: Cluster, journal: Journal, pool: str
 ) -> None:
-    """Pools without Celery's semaphore take messages in the broker's order: on Redis the ten
-    levels, FIFO within each, for a backlog queued before the worker starts."""
+    """Pools without Celery's semaphore run a backlog queued before the worker starts in the
+    ten levels, FIFO within each: the threads and green pools choose the best held request
+    when a task ends (``at_dispatch``), solo runs each message as it is fetched, in the
+    broker's order."""
     cluster.configure(extras_priority=True)
     for i in range(2):
         for priority in range(9, -1, -1):
@@ -152,4 +162,64 @@ def test_other_pools_run_a_backlog_in_the_ten_levels(
     worker = cluster.worker("w1", concurrency=1, pool=pool)
     ran = [tuple(e["tag"]) for e in runs(journal, 20, f"the backlog on {pool}")]
     assert ran == [(p, i) for p in range(10) for i in range(2)]
-    assert cluster.stats(worker.hostname)["extras_priority"]["at_dispatch"] is False
+    assert cluster.stats(worker.hostname)["extras_priority"]["at_dispatch"] is (pool != "solo")
+
+
+#: Pools without Celery's semaphore, where the worker holds what a busy pool cannot take
+HELD_POOLS = ["threads", "gevent", "eventlet"]
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+@pytest.mark.parametrize("pool", HELD_POOLS)
+def test_other_pools_choose_at_dispatch_on_redis(
+    cluster: Cluster, journal: Journal, pool: str
+) -> None:
+    """The issue's two rows on the threads and green pools: a backlog queued before the
+    worker starts runs without an inversion, and a 0 sent behind busy 0.2 s lows starts
+    within 0.35 s (``-c 1``, as the prefork rows)."""
+    cluster.configure(extras_priority=True)
+    sent = [(9, i) for i in range(20)] + [(2 if i % 2 == 0 else 1, i) for i in range(10)]
+    sent += [(0, i) for i in range(5)]
+    for priority, i in sent:
+        send(cluster, priority, [priority, i])
+    worker = cluster.worker("w1", concurrency=1, pool=pool)
+    ran = [tuple(e["tag"]) for e in runs(journal, len(sent), f"the backlog on {pool}")]
+    assert inversions([p for p, _ in ran]) == 0
+    assert ran == sorted(ran, key=lambda pi: (pi[0], pi[1]))
+
+    delays = start_delays(cluster, journal, high=0, low=9, probes=3)
+    print(f"\n{pool} -c 1, redis: a 0 behind busy 0.2 s lows started after {delays} s")
+    assert max(delays) <= 0.35, delays
+    wait_for(lambda: cluster.stats(worker.hostname)["extras_priority"]["running"] == 0,
+             timeout=30, interval=0.1, what="the last low ended")  # fmt: skip
+    shown = cluster.stats(worker.hostname)["extras_priority"]
+    assert shown["at_dispatch"] is True and shown["waiting"] == {} and shown["widened"] == 0
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+@pytest.mark.parametrize("pool", ["threads", "gevent"])
+def test_held_requests_go_back_to_the_broker_at_a_warm_stop(
+    cluster: Cluster, journal: Journal, pool: str
+) -> None:
+    """Requests held for a busy pool are unacked: a warm stop runs the running task to its
+    end and none of the held ones (on gevent the consumer loop sees the stop up to 2 s late:
+    held ones must not start meanwhile); the next worker runs each of them once, best
+    first."""
+    cluster.configure(extras_priority=True)
+    worker = cluster.worker("w1", concurrency=1, pool=pool)
+    send(cluster, 5, ["running"], 1.0)
+    wait_for(lambda: len(journal) >= 1, timeout=30, interval=0.02, what="the task started")
+    for i, priority in enumerate([9, 3, 0, 3, 9]):
+        send(cluster, priority, ["held", priority, i])
+    wait_for(lambda: sum(cluster.stats(worker.hostname)["extras_priority"]["waiting"]
+                         .get(cluster.ns, {}).values()) == 5,
+             timeout=30, interval=0.05, what="five requests held")  # fmt: skip
+    worker.stop(timeout=30)
+    assert [e["tag"] for e in journal.entries()] == [["running"]]
+    assert "ERROR/" not in worker.log() and "Traceback" not in worker.log()
+    cluster.worker("w2", concurrency=1, pool=pool)
+    ran = [e["tag"] for e in runs(journal, 6, "the held requests, again")][1:]
+    assert [tag[1] for tag in ran] == [0, 3, 3, 9, 9]  # (kombu gives them back unordered)
+    assert sorted(tag[2] for tag in ran) == [0, 1, 2, 3, 4]
+    time.sleep(0.5)  # nothing runs twice: no run more than these six comes
+    assert len(journal) == 6

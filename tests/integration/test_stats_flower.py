@@ -236,6 +236,11 @@ def test_flower_page_shows_each_worker_and_task_exactly(
                 "allkeys-lru)" in lines[host]
             ), lines[host]
 
+        # the queue table: what the delay store holds per queue (nothing here), issue 54
+        parked = page.locator(f'tr[data-queue="{cluster.ns}"] td[data-col="parked"]')
+        wait_for(lambda: parked.count() == 1 and parked.inner_text().strip() == "0",
+                 timeout=30, what="the queue table's parked column")  # fmt: skip
+
         # in Flower's navigation, marked active on its page
         link = page.locator("a.nav-link", has_text="Extras")
         assert link.count() == 1 and link.get_attribute("href") == "/extras"
@@ -273,6 +278,8 @@ def test_flower_page_shows_each_worker_and_task_exactly(
         for worker in (a.hostname, b.hostname):  # six kinds of data the store may evict
             labels = (("policy", "allkeys-lru"), ("worker", worker))
             assert scrape[("celery_extras_store_evictable", labels)] == 6
+        for queue in (cluster.ns, f"{cluster.ns}.b"):  # the delay store's counts, per queue
+            assert scrape[("celery_extras_queue_parked", (("queue", queue),))] == 0, queue
         assert flower.alive(), flower.log()[-3000:]
     finally:
         flower.stop()

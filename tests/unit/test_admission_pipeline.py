@@ -543,3 +543,91 @@ def test_a_buckets_tag_is_the_digest_its_stored_keys_already_have() -> None:
     assert bucket_tag("tasks.add", "") == "{cfabf2d073a9e8e046fe}"
     digest = hashlib.sha1(b"tasks.add\0user:7", usedforsecurity=False).hexdigest()[:20]
     assert bucket_tag("tasks.add", "user:7") == f"{{{digest}}}"
+
+
+# A resumed request on a green pool goes to the pool from a greenlet of the worker's timer.
+#
+# A gate resumes a waiting request as a slot frees: on gevent and eventlet that is heard in
+# the ending task's own greenlet, whose ``spawn`` would wait for its own slot. The pipeline
+# hands such a request over from a timer entry (here a fake consumer's, fired by the test);
+# an arrival still goes at once, as on every other pool. A stop (warm, or a lost connection)
+# that overtakes the handover drops the request: its message goes back to the broker unacked,
+# and the gates that hear endings free what they hold for it, as for a retry in 0 s.
+
+
+class GreenConsumer(Consumer):
+    """A consumer whose pool says it is green (gevent's and eventlet's ``is_green``)."""
+
+    def __init__(self, green: bool = True) -> None:
+        super().__init__()
+        self.pool = SimpleNamespace(is_green=green)
+
+
+def queued(pipeline: Pipeline, gates: tuple[RateGate, SlotsGate], consumer: Consumer,
+           request: TaskRequest) -> Any:  # fmt: skip
+    """*request* submitted and queued in the slots gate: its ticket."""
+    gates[1].answers = [QUEUED]
+    pipeline.submit(consumer, request, "t")
+    (ticket,) = gates[1].queued
+    return ticket
+
+
+def test_a_resumed_request_goes_to_a_green_pool_from_the_timer(
+    pipeline: Pipeline, gates: tuple[RateGate, SlotsGate]
+) -> None:
+    consumer, request = GreenConsumer(), TaskRequest("1")
+    ticket = queued(pipeline, gates, consumer, request)
+    pipeline.resume(ticket)
+    assert consumer.ran == []  # not from the caller's greenlet
+    (entry,) = consumer.entries
+    assert (entry.secs, entry.fun, entry.args) == (0, pipeline.hand, (ticket,))
+    assert pipeline.admitted == {id(request): ticket} and compat.request_pending(request)
+    consumer.fire(entry)
+    assert consumer.ran == [request] and consumer.reserved_when_run == [True]
+    assert pipeline.handing == {}
+    consumer.fire(entry)  # a timer entry firing twice hands it over once
+    assert consumer.ran == [request]
+    assert (consumer.widened, consumer.narrowed) == (1, 1)
+
+
+def test_an_arrival_goes_at_once_on_a_green_pool(pipeline: Pipeline) -> None:
+    consumer, request = GreenConsumer(), TaskRequest("1")
+    pipeline.submit(consumer, request, "t")
+    assert consumer.ran == [request] and consumer.entries == []
+
+
+def test_a_resumed_request_goes_at_once_on_other_pools(
+    pipeline: Pipeline, gates: tuple[RateGate, SlotsGate]
+) -> None:
+    consumer, request = GreenConsumer(green=False), TaskRequest("1")
+    pipeline.resume(queued(pipeline, gates, consumer, request))
+    assert consumer.ran == [request] and consumer.entries == [] and pipeline.handing == {}
+
+
+def test_a_stop_before_the_handover_sends_the_request_back_and_frees_its_gates(
+    pipeline: Pipeline, gates: tuple[RateGate, SlotsGate]
+) -> None:
+    rate, slots = gates
+    consumer, request, other = GreenConsumer(), TaskRequest("1"), TaskRequest("2")
+    pipeline.submit(consumer, other, "t")  # running: keeps what it holds through the stop
+    pipeline.resume(queued(pipeline, gates, consumer, request))
+    pipeline.stop()
+    assert pipeline.handing == {} and pipeline.admitted.keys() == {id(other)}
+    assert request not in worker_state.reserved_requests and "1" not in worker_state.requests
+    assert (slots.ended, slots.retries_heard, rate.ended) == ([request], [0.0], [])
+    consumer.fire(consumer.entries[0])  # the timer fires all the same: nothing runs
+    assert consumer.ran == [other] and request.acked == 0  # unacked: delivered again
+
+
+def test_no_handover_once_a_stop_began_the_stop_drops_it(
+    pipeline: Pipeline, gates: tuple[RateGate, SlotsGate], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _rate, slots = gates
+    consumer, request = GreenConsumer(), TaskRequest("1")
+    pipeline.resume(queued(pipeline, gates, consumer, request))
+    monkeypatch.setattr(compat, "worker_stopping", lambda: True)
+    consumer.fire(consumer.entries[0])  # Celery's loop has yet to see the signal
+    assert consumer.ran == [] and pipeline.handing.keys() == {id(request)}
+    pipeline.stop()
+    assert pipeline.handing == {} and pipeline.admitted == {} and slots.ended == [request]
+    assert request.acked == 0

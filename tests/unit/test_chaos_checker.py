@@ -92,6 +92,42 @@ def test_a_cap_exceeded_is_ours() -> None:
     assert check(history(nodes, entries, caps={"chaos.capped": 4})) == []
 
 
+def test_a_body_run_again_after_a_broker_restart_holds_no_slot_between_seed_665725() -> None:
+    """Seed 665725: ``id0`` ran from 101.0 to 101.1, lost its ack with a restarted broker and
+    ran again 30 s later; two others ran at 105. Each body ends at its own end: no cap of 2
+    was exceeded (the checker paired both starts with the last end, and saw 3 at once)."""
+    nodes = [node(i, "chaos.several") for i in range(3)]
+    entries = [start(0, t, task="chaos.several") for t in (101.0, 131.0)]
+    entries += [end(0, t, task="chaos.several") for t in (101.1, 131.1)]
+    entries += [start(i, 105.0, worker="w1", task="chaos.several") for i in (1, 2)]
+    entries += [end(i, 105.1, worker="w1", task="chaos.several") for i in (1, 2)]
+    restarted = [Window("broker_restart", 101.05, 104.0)]
+    found = check(history(nodes, entries, caps={"chaos.several": 2}, windows=restarted))
+    assert kinds(found) == [("ran again after a broker restart", "celery")]
+    entries.append(start(3, 105.05, worker="w0", task="chaos.several"))  # a third at once
+    found = check(history(nodes, entries, caps={"chaos.several": 2}, windows=restarted))
+    assert [v.detail for v in found if v.check == "cap"] == [
+        "chaos.several: 3 running at 105.050 for concurrency(2): id1 attempt 0 on w1 "
+        "105.000-105.100; id2 attempt 0 on w1 105.000-105.100; id3 attempt 0 on w0 "
+        "105.050-165.050"
+    ]
+
+
+def test_a_cap_exceeded_during_a_store_stall_hides_no_later_excess_seed_104379() -> None:
+    """Seed 104379: a ``concurrency(2)`` ran 3 at once in a store stall (the fallback's), then
+    came a broker restart; an excess after it is still ours (the checker stopped at the
+    first excess)."""
+    nodes = [node(i, "chaos.several") for i in range(6)]
+    entries = [start(i, 101.0, task="chaos.several") for i in range(3)]
+    entries += [end(i, 101.1, task="chaos.several") for i in range(3)]
+    entries += [start(i, 120.0, task="chaos.several") for i in range(3, 6)]
+    entries += [end(i, 120.1, task="chaos.several") for i in range(3, 6)]
+    stall = [Window("store_stall", 100.0, 101.5), Window("broker_restart", 110.0, 113.0)]
+    found = check(history(nodes, entries, caps={"chaos.several": 2}, windows=stall))
+    assert kinds(found) == [("cap", "fallback"), ("cap", "celery-extras")]
+    assert found[1].detail.startswith("chaos.several: 3 running at 120.000 for concurrency(2): ")
+
+
 def test_a_coalesced_message_answered_by_an_older_run_is_a_lost_update() -> None:
     nodes = [node(1, "chaos.coalesced"), node(2, "chaos.coalesced")]
     entries = [start(1, 99.0, task="chaos.coalesced")]

@@ -112,10 +112,10 @@ def test_a_park_a_replica_acknowledged_counts_after_one_round_trip() -> None:
     assert store.park("e1", make_entry(), 5.0) is True
     assert store.park("e1", make_entry(), 5.0) is False  # known, and acknowledged: it stands
     (evalsha, wait) = client.pipelines[0]
-    assert evalsha[:3] == ("EVALSHA", store._park.sha, 3) and evalsha[3:6] == tuple(
-        delay_keys("p")[k] for k in ("due", "meta", "msg")
+    assert evalsha[:3] == ("EVALSHA", store._park.sha, 4) and evalsha[3:7] == tuple(
+        delay_keys("p")[k] for k in ("due", "meta", "msg", "parked")
     )
-    assert evalsha[6:9] == ("", "e1", 5000)  # the time first: "" is the server's own
+    assert evalsha[7:10] == ("", "e1", 5000)  # the time first: "" is the server's own
     assert wait == ("WAIT", 1, 250)
     assert client.calls == []  # nothing withdrawn
 

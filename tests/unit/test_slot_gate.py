@@ -314,6 +314,20 @@ def test_request_pending_is_celerys_own_bookkeeping() -> None:
     assert not compat.request_pending(request)  # type: ignore[arg-type]
 
 
+def test_a_running_request_is_pending_after_the_connection_went_seed_665725() -> None:
+    """Celery 5.5 and 5.6 empty the reserved set as the connection is lost, running
+    requests with it (celery#10345): one still in the active set runs on, its slot held."""
+    request = Request()
+    compat.task_reserved(request)  # type: ignore[arg-type]
+    worker_state.active_requests.add(request)  # accepted by the pool: its body runs
+    worker_state.reserved_requests.clear()  # Celery 5.5's Consumer.on_close
+    try:
+        assert compat.request_pending(request)  # type: ignore[arg-type]
+    finally:
+        worker_state.task_ready(request)
+    assert not compat.request_pending(request)  # type: ignore[arg-type]
+
+
 def test_worker_scope_needs_no_store_and_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     app = Celery("unit-nostore", broker="amqp://guest@127.0.0.1:1//", set_as_current=False)
     celery_extras.install(app)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from celery import Celery
 from kombu.asynchronous import Hub, get_event_loop, set_event_loop
 
-from celery_extras.workarounds import EventLoopGuard
+from celery_extras.workarounds import PREFETCH_REDUCTION, EventLoopGuard, PrefetchRestoreGuard
 
 
 def test_the_event_loop_is_forgotten_when_its_hub_closes_not_before() -> None:
@@ -60,3 +61,15 @@ def test_a_closed_loop_another_worker_left_current_is_forgotten_as_the_worker_is
     finally:
         running.close()
         set_event_loop(previous)
+
+
+def test_celerys_prefetch_reduction_is_turned_off_unless_the_app_sets_it_seed_578629() -> None:
+    """Celery's restore of the window after a reconnect drops the widenings of held tasks
+    (``tests/reliability/test_prefetch_restart.py``): off by default, as the app says."""
+    default, chosen = Celery("default"), Celery("chosen")
+    chosen.conf[PREFETCH_REDUCTION] = True
+    for app in (default, chosen):
+        app.finalize()
+        PrefetchRestoreGuard(SimpleNamespace(app=app))
+    assert default.conf[PREFETCH_REDUCTION] is False
+    assert chosen.conf[PREFETCH_REDUCTION] is True
