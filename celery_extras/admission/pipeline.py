@@ -370,15 +370,25 @@ class Pipeline(_Resuming):
                 ticket.unseen = 0
                 continue
             ticket.unseen += 1
-            if ticket.unseen >= 2:  # gone for two ticks in a row: its ending went unseen
-                logger.warning(
-                    "celery-extras: %s[%s] ended unseen; freeing what its gates hold",
-                    ticket.name, getattr(ticket.request, "id", "?"),
-                )  # fmt: skip
-                self._finished(ticket.request, None, None)
+            if ticket.unseen >= 2:  # gone for two ticks in a row
+                self._finished(ticket.request, _forgotten(ticket), None)
         self.rounds.tick()
         for gate in self.gates:
             gate.tick()
+
+
+def _forgotten(ticket: Ticket) -> float | None:
+    """How the gates hear of a request Celery forgot without a callback the hook heard (its
+    ``retry_in``). One that started ended unseen (``None``): its gates free what they hold.
+    One that never started was dropped before the pool took it (a lost connection or a stop
+    clears the semaphore's waiting list), and its unacked message comes again: a retry in
+    0 s (a key run's hold waits for that delivery; what it covered is not ended)."""
+    task = f"{ticket.name}[{getattr(ticket.request, 'id', '?')}]"
+    if getattr(ticket.request, "time_start", None):
+        logger.warning("celery-extras: %s ended unseen; freeing what its gates hold", task)
+        return None
+    logger.info("celery-extras: %s was dropped before it ran; its message comes again", task)
+    return 0.0
 
 
 def _green(consumer: Any) -> bool:

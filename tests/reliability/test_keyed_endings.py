@@ -213,3 +213,39 @@ def test_a_covered_message_ended_as_the_connection_drops_sees_its_callback_once(
         assert (info["covered_ended"], callbacks()) == (1, ["X0"])
         runs = [e["tag"] for e in journal.entries() if e["task"] == CO and e.get("phase") == "run"]
         assert runs == ["first"]
+
+
+def test_a_covering_run_dropped_before_it_ran_runs_when_delivered_again(
+    ns: str, tmp_path: Path, journal: Journal
+) -> None:
+    """``-c 1``: key ``k``'s run ``first`` runs, ``other`` (another key) waits for the pool
+    process, and ``run`` waits for ``first`` covering c0..c2. ``first`` ends: ``other`` takes
+    the process and ``run``, resumed, waits for it in Celery's semaphore. The broker
+    restarts: Celery drops ``run`` from the semaphore (its message unacked, delivered
+    again). ``run`` runs once then, and what it covered ends with its result. (Before: the
+    pipeline heard the dropped run as one that ended unseen, and what it covered failed.)"""
+    with restartable_cluster("redis", ns, tmp_path) as (cluster, broker):
+        app = cluster.configure(
+            include=INCLUDE,
+            extras_redis_url=REDIS_URL,  # the store stays up: the broker alone restarts
+            broker_transport_options={"visibility_timeout": 5, "unacked_restore_interval": 1},
+        )
+        worker = cluster.worker("w1", concurrency=1)
+        task = app.tasks[PER_KEY]
+        task.delay("k", "first", 1.5, True)
+        wait_for(lambda: started(journal, "first"), timeout=60, what="the first run started")
+        task.delay("other", "other", 6.0, True)
+        run = task.delay("k", "run", 0.2, True)
+        covered = [task.delay("k", f"c{i}") for i in range(3)]
+        wait_for(lambda: coalesce_info(cluster, worker.hostname).get("coalesced") == 3,
+                 timeout=60, what="c0..c2 covered by the waiting run")  # fmt: skip
+        wait_for(lambda: started(journal, "other"), timeout=60, what="other took the process")
+        assert not started(journal, "run")  # resumed, waiting in Celery's semaphore
+        broker.restart()
+        wait_for(lambda: worker.log().count("Connected to") >= 2, timeout=90,
+                 what="the worker to reconnect")  # fmt: skip
+        result = run.get(timeout=90)
+        assert (result["tag"], result["run"]) == ("run", run.id)
+        assert [c.get(timeout=60) for c in covered] == [result] * 3
+        assert bodies(journal)["run"] == 1
+        assert "ended unseen" not in worker.log()

@@ -424,6 +424,7 @@ def test_the_tick_finishes_a_request_celery_forgot_for_two_ticks_once(
     pipeline.submit(consumer, other, "t")
     pipeline.tick()
     assert slots.ended == []  # still reserved in Celery's state
+    request.time_start = 1.0  # it started (Celery's on_accepted)
     worker_state.task_ready(request)  # Celery forgot it; no callback reached the hook
     with caplog.at_level(logging.WARNING):
         pipeline.tick()
@@ -437,6 +438,26 @@ def test_the_tick_finishes_a_request_celery_forgot_for_two_ticks_once(
     assert (rate.ticks, slots.ticks) == (4, 4)  # every gate ticks with the pipeline
     unseen = [r.getMessage() for r in caplog.records if "ended unseen" in r.getMessage()]
     assert unseen == ["celery-extras: t[1] ended unseen; freeing what its gates hold"]
+
+
+def test_a_request_celery_dropped_before_it_started_is_heard_as_a_retry_in_0_s(
+    pipeline: Pipeline, gates: tuple[RateGate, SlotsGate], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lost connection clears the semaphore's waiting list: the request never ran, and
+    its message comes again; its gates must not hear it as a run that ended."""
+    _rate, slots = gates
+    consumer = Consumer()
+    pipeline.start(consumer)
+    request = TaskRequest("1")
+    pipeline.submit(consumer, request, "t")
+    worker_state.task_ready(request)  # dropped: never accepted by the pool
+    with caplog.at_level(logging.INFO):
+        pipeline.tick()
+        pipeline.tick()
+    assert (slots.ended, slots.retries_heard) == ([request], [0.0])
+    assert pipeline.admitted == {} and request.acked == 0
+    said = [r.getMessage() for r in caplog.records if "celery-extras: t[1]" in r.getMessage()]
+    assert said == ["celery-extras: t[1] was dropped before it ran; its message comes again"]
 
 
 def test_the_tick_reads_celerys_state_through_compat(
