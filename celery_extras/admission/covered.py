@@ -57,6 +57,7 @@ __all__ = [
     "encode_context",
     "end_covered",
     "outcome_of",
+    "pause_for_tests",
 ]
 
 logger = logging.getLogger("celery_extras.covered")
@@ -324,9 +325,11 @@ def end_covered(app: Celery, name: str, message: CoveredMessage, outcome: Outcom
 PAUSE_ACK_ENV = "CELERY_EXTRAS_TEST_PAUSE_COVERED_ACK"
 
 
-def _test_pause_ack() -> float:
+def pause_for_tests(env: str) -> float:
+    """Seconds of a test-only pause that environment variable *env* asks for (this module's
+    :data:`PAUSE_ACK_ENV`, :data:`.keyed.endings.PAUSE_ENV`); 0 when unset or not a number."""
     try:
-        return max(float(os.environ.get(PAUSE_ACK_ENV, "0") or 0), 0.0)
+        return max(float(os.environ.get(env, "0") or 0), 0.0)
     except ValueError:
         return 0.0
 
@@ -381,7 +384,7 @@ class CoveredEndings:
         def ended() -> None:
             if mark is not None:
                 mark()
-            pause = _test_pause_ack()
+            pause = pause_for_tests(PAUSE_ACK_ENV)
             if pause:  # a test's window between the ending and the ack (see PAUSE_ACK_ENV)
                 serial(consumer).call_after(pause, resume, ())
             else:

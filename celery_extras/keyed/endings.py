@@ -7,10 +7,9 @@ discarded run covered ended as it was.
 
 from __future__ import annotations
 
-import os
 from typing import Any, ClassVar
 
-from ..admission.covered import CoveredEndings
+from ..admission.covered import CoveredEndings, pause_for_tests
 from ..admission.gate import COVERED, QUEUED, Answer, Ticket
 from ..admission.notices import Bucket
 from ..admission.serial import serial
@@ -22,20 +21,11 @@ from .purged import ParkedRuns
 from .runs import covered_messages, revoked_outcome
 from .table import KeyFinished
 
-__all__ = ["PAUSE_ENV", "KeyEndings", "test_pause"]
+__all__ = ["PAUSE_ENV", "KeyEndings"]
 
 #: Test-only (documented in docs/reliability.rst): seconds a key-run gate waits between a
 #: run's ``finish`` and publishing what it covered, a window for a test's SIGKILL.
 PAUSE_ENV = "CELERY_EXTRAS_TEST_PAUSE_ENDINGS"
-
-
-def test_pause() -> float:
-    """The test-only pause before a run's covered messages end (:data:`PAUSE_ENV`), 0 if
-    unset."""
-    try:
-        return max(float(os.environ.get(PAUSE_ENV, "0") or 0), 0.0)
-    except ValueError:
-        return 0.0
 
 
 class KeyEndings:
@@ -80,8 +70,8 @@ class KeyEndings:
             return
         ended = self.owed.publishing_for(bucket, by, holder)
         job = (self._consumer, bucket[0], by, covered_messages(done), known, ended)
-        pause = test_pause()
-        if pause and self._consumer is not None:  # a test's window: see test_pause
+        pause = pause_for_tests(PAUSE_ENV)
+        if pause and self._consumer is not None:  # a test's window: see PAUSE_ENV
             serial(self._consumer).call_after(pause, self.endings.schedule, job)
             return
         self.endings.schedule(*job)
