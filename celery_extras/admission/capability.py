@@ -11,6 +11,7 @@ from celery import Celery, bootsteps
 from celery.signals import task_prerun
 
 from ..capability import Capability
+from ..delay.gate import DELAY_ATTR
 from ..settings import settings_of
 from ..store.client import StoreStep
 from .decorators import track_app
@@ -35,7 +36,7 @@ class AdmissionStep(bootsteps.StartStopStep):
         setattr(c, PIPELINE_ATTR, Pipeline(gates))
 
     def start(self, c: Any) -> None:
-        getattr(c, PIPELINE_ATTR).start(c)
+        getattr(c, PIPELINE_ATTR).start(c, getattr(c, DELAY_ATTR, None))
 
     def stop(self, c: Any) -> None:
         getattr(c, PIPELINE_ATTR).stop()

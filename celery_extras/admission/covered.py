@@ -372,11 +372,11 @@ class CoveredEndings:
             serial(consumer).call_after(0.0, self._end, (consumer, name, list(covered),
                                                          outcome, None))  # fmt: skip
 
-    def end_here(self, consumer: Any, pipeline: Any, ticket: Ticket, by: str,
+    def end_here(self, consumer: Any, handle: Any, ticket: Ticket, by: str,
                  mark: Callable[[], None] | None = None) -> None:  # fmt: skip
         """End *ticket*'s message, covered by run *by* that has ended, with that run's
         outcome, then *mark* it ended (so that a delivery of it again, its ack lost with the
-        connection, is acked without a second ending), and only then have *pipeline* ack it
+        connection, is acked without a second ending), and only then have *handle* ack it
         (as covered): a worker dying meanwhile has the broker deliver it again."""
         self.here[id(ticket)] = ticket
         message = CoveredMessage(ticket.request.id, context_of(ticket.request))
@@ -392,7 +392,7 @@ class CoveredEndings:
 
         def resume() -> None:
             if self.here.pop(id(ticket), None) is ticket:
-                pipeline.resume(ticket, COVERED)
+                handle.resume(ticket, COVERED)
 
         self.schedule(consumer, ticket.name, by, [message], done=ended)
 

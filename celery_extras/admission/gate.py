@@ -46,7 +46,7 @@ class Run:
 
 
 class Queued:
-    """The gate keeps the request and resumes it itself (:meth:`Pipeline.resume`)."""
+    """The gate keeps the request and resumes it itself (:meth:`GateHandle.resume`)."""
 
     def __repr__(self) -> str:
         return "QUEUED"
@@ -165,8 +165,9 @@ class Gate:
     def register(self, name: str, policies: Any) -> None:
         """A strategy of task *name* was built: read its policy from *policies*."""
 
-    def start(self, pipeline: Any, consumer: Any) -> None:
-        """The consumer started (or restarted after a lost connection)."""
+    def start(self, handle: Any, consumer: Any) -> None:
+        """The consumer started (or restarted after a lost connection): *handle* is what the
+        gate may ask of the pipeline (:class:`~.handle.GateHandle`)."""
 
     def admit(self, ticket: Ticket) -> Answer:
         """Answer for *ticket*; a reply to :meth:`arrival_call` is :meth:`Ticket.reply`."""
@@ -208,6 +209,11 @@ class Gate:
 
     def run_due(self) -> None:
         """Do what has come due (called on the worker's loop after time moved)."""
+
+    def busy(self) -> str:
+        """What this gate is running that the worker must finish before it is idle (the
+        testing plugin waits for it), or ``""``."""
+        return ""
 
     def stop(self) -> None:
         """Connection lost or shutting down: drop what waits (the broker delivers it again)."""

@@ -34,10 +34,10 @@ from typing import Any
 from celery import states
 
 from .. import compat
-from ..delay.gate import DELAY_ATTR
 from ..delay.parking import Park
 from .covered import CoveredMessage, Outcome, context_of, end_covered
 from .gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, Refuse, Ticket
+from .handle import GateHandle
 from .request_hook import request_hook
 from .rounds import Rounds
 from .serial import Serial, serial
@@ -157,6 +157,8 @@ class Pipeline(_Resuming):
         self.rounds = Rounds()
         #: the consumer's lock around this path (:meth:`start` gives the consumer's own)
         self.serial = Serial(None)
+        #: the delay store's arrival gate (its parker parks waits): :meth:`start` is given it
+        self.arrival: Any = None
         self._answered, self._heard = self._onward, self._hear  # a round's reply: locked
 
     def gate(self, label: str) -> Any:
@@ -178,15 +180,18 @@ class Pipeline(_Resuming):
         _join(self.ending_rounds, name, _leading(listening, "ending_call"))
         return bool(chain)
 
-    def start(self, consumer: Any) -> None:
-        self.serial = serial(consumer)
+    def start(self, consumer: Any, arrival: Any = None) -> None:
+        """*consumer* started (or restarted after a lost connection); *arrival*: the delay
+        store's arrival gate, when the worker parks (``None``: waits are held here)."""
+        self.serial, self.arrival = serial(consumer), arrival
         self._answered, self._heard = self.serial.wrap(self._onward), self.serial.wrap(self._hear)
         hook = request_hook(consumer)
         hook.listen(finish=self.finished)
         hook.forget()  # the request classes of the strategies Celery built for a lost connection
         self.rounds.start(consumer)
+        handle = GateHandle(self, consumer)
         for gate in self.gates:
-            gate.start(self, consumer)
+            gate.start(handle, consumer)
         if self._tick_entry is None:
             self._tick_entry = consumer.timer.call_repeatedly(
                 TICK, self.serial.wrap(self.tick), priority=6
@@ -211,8 +216,7 @@ class Pipeline(_Resuming):
 
     def submit(self, consumer: Any, request: Any, name: str) -> None:
         """A request of task *name* arrived, or its ETA passed."""
-        arrival = getattr(consumer, DELAY_ATTR, None)
-        slot = arrival.pop_slot(request.id) if arrival is not None else None
+        slot = self.arrival.pop_slot(request.id) if self.arrival is not None else None
         with self.serial:
             self._advance(Ticket(request, name, consumer, released_slot=slot))
 
@@ -263,10 +267,9 @@ class Pipeline(_Resuming):
         """Park *ticket*, queued in a gate, in the delay store for *seconds* (its message
         stored, then acked): its entry's id, or ``None`` (still queued) when it cannot be
         parked."""
-        arrival = getattr(ticket.consumer, DELAY_ATTR, None)
-        if arrival is None:
+        if self.arrival is None:
             return None
-        parked, entry = park_message(arrival, ticket.request, ticket.name, kind, seconds)
+        parked, entry = park_message(self.arrival, ticket.request, ticket.name, kind, seconds)
         if not parked:
             return None
         compat.narrow_prefetch(ticket.consumer)
@@ -283,11 +286,10 @@ class Pipeline(_Resuming):
         outcome the store left in doubt is tried again every :data:`PARK_AGAIN` seconds, the
         message held meanwhile, until the store says it is parked: were it run here, the
         copy the store may hold would run too."""
-        arrival = getattr(ticket.consumer, DELAY_ATTR, None)
         delay = hold.seconds if hold.due is None else hold.due - gate.clock()
         parked = Park.KEPT
-        if hold.park is not None and arrival is not None:
-            parked, _ = park_message(arrival, ticket.request, ticket.name, hold.park,
+        if hold.park is not None and self.arrival is not None:
+            parked, _ = park_message(self.arrival, ticket.request, ticket.name, hold.park,
                                      max(delay, 0.0))  # fmt: skip
         if parked:
             ticket.notes.pop(IN_DOUBT, None)

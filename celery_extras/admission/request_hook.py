@@ -193,9 +193,23 @@ def request_hook(consumer: Any) -> RequestHook:
 
 def _hooked_class(base: type[Request], hook: RequestHook) -> type[Request]:
     """A subclass of request class *base* whose callbacks tell *hook* how it went."""
+    namespace = {
+        "__slots__": (),
+        _HOOKED: True,
+        "__module__": base.__module__,
+        "__doc__": base.__doc__,
+        **_pool_callbacks(base, hook),
+        **_ending_callbacks(base, hook),
+    }
+    hooked: type[Request] = type(base.__name__, (base,), namespace)
+    return hooked
+
+
+def _pool_callbacks(base: type[Request], hook: RequestHook) -> dict[str, Callable[..., Any]]:
+    """The pool's callbacks of *base* (started, succeeded, failed, timed out), each telling
+    *hook* first."""
     base_accepted, base_success, base_failure = base.on_accepted, base.on_success, base.on_failure
-    base_timeout, base_execute = base.on_timeout, base.execute_using_pool
-    base_terminate, base_cancel = base.terminate, base.cancel
+    base_timeout = base.on_timeout
 
     def on_accepted(self: Any, pid: Any, time_accepted: Any) -> Any:
         hook.started(self)
@@ -215,6 +229,20 @@ def _hooked_class(base: type[Request], hook: RequestHook) -> type[Request]:
         if not soft:  # the pool kills the process: it runs no more
             hook.ended(self)
         return base_timeout(self, soft, timeout)
+
+    return {
+        "on_accepted": on_accepted,
+        "on_success": on_success,
+        "on_failure": on_failure,
+        "on_timeout": on_timeout,
+    }
+
+
+def _ending_callbacks(base: type[Request], hook: RequestHook) -> dict[str, Callable[..., Any]]:
+    """The methods of *base* that end a request no pool callback follows (revoked before the
+    pool, terminated or cancelled while running), each telling *hook* it ended."""
+    base_execute = base.execute_using_pool
+    base_terminate, base_cancel = base.terminate, base.cancel
 
     # revoke with terminate, and cancel on a lost connection, kill the running process and
     # mark the request ready: no pool callback follows
@@ -241,18 +269,4 @@ def _hooked_class(base: type[Request], hook: RequestHook) -> type[Request]:
             hook.ended(self)  # revoked (or refused) before reaching the pool
             raise
 
-    namespace = {
-        "__slots__": (),
-        _HOOKED: True,
-        "__module__": base.__module__,
-        "__doc__": base.__doc__,
-        "on_accepted": on_accepted,
-        "on_success": on_success,
-        "on_failure": on_failure,
-        "on_timeout": on_timeout,
-        "execute_using_pool": execute_using_pool,
-        "terminate": terminate,
-        "cancel": cancel,
-    }
-    hooked: type[Request] = type(base.__name__, (base,), namespace)
-    return hooked
+    return {"execute_using_pool": execute_using_pool, "terminate": terminate, "cancel": cancel}

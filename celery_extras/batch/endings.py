@@ -52,11 +52,11 @@ def _end_encoded(app: Celery, name: str, message: CoveredMessage,
 
 class CallEndings:
     """The endings of a batch's calls, for :class:`~.gate.BatchGate`: its *app*, its
-    *counts* and the pipeline (``_pipeline``) its gates are told through."""
+    *counts* and the handle (``_handle``) its gates are told through."""
 
     app: Celery
     counts: dict[str, int]
-    _pipeline: Any
+    _handle: Any
 
     def _end_call(self, ticket: Ticket, index: int, ending: BatchEnding, batch_id: str) -> None:
         """End call *index* of batch *batch_id* with its part of *ending*, or its own ending
@@ -134,11 +134,11 @@ class CallEndings:
         compat.forget_held(ticket.request)
         ticket.request.reject(requeue=True)
         compat.narrow_prefetch(ticket.consumer)
-        self._pipeline.ended(ticket)
+        self._handle.ended(ticket)
 
     def _release(self, ticket: Ticket, retry_in: float | None = None, outcome: Any = None) -> None:
         """Ack the call's message (once), narrow the window, tell the gates before this one."""
         compat.forget_held(ticket.request)
         ticket.request.acknowledge()
         compat.narrow_prefetch(ticket.consumer)
-        self._pipeline.ended(ticket, retry_in, outcome)
+        self._handle.ended(ticket, retry_in, outcome)

@@ -31,6 +31,7 @@ from celery import Celery, states
 from .. import compat
 from ..admission.covered import Outcome
 from ..admission.gate import QUEUED, Answer, Gate, Ticket
+from ..admission.handle import GateHandle
 from ..admission.serial import serial
 from ..admission.spec import call_key
 from ..clock import monotonic
@@ -105,7 +106,7 @@ class BatchGate(CallEndings, Gate):
         self._stopped = False
         self.counts = {"batches": 0, "calls": 0, "succeeded": 0, "failed": 0, "retried": 0,
                        "revoked": 0, "requeued": 0}  # fmt: skip
-        self._pipeline: Any = None
+        self._handle: Any = None
         self._consumer: Any = None
         self._main = threading.main_thread()
 
@@ -117,8 +118,8 @@ class BatchGate(CallEndings, Gate):
         if spec is not None:
             self.specs[name] = spec
 
-    def start(self, pipeline: Any, consumer: Any) -> None:
-        self._pipeline, self._consumer = pipeline, consumer
+    def start(self, handle: GateHandle, consumer: Any) -> None:
+        self._handle, self._consumer = handle, consumer
         self._stopped = False
 
     # -- gathering -----------------------------------------------------------------------------
@@ -133,14 +134,20 @@ class BatchGate(CallEndings, Gate):
         return QUEUED
 
     def tick(self) -> None:
-        self.flush_due()
+        self.run_due()
 
-    def flush_due(self) -> int:
-        """Run the batches whose wait has passed; how many."""
-        due = self.table.take_due()
-        for batch in due:
+    def next_due(self) -> float | None:
+        """When the first open batch's wait ends (simulated time moves there), or ``None``."""
+        return self.table.next_due()
+
+    def run_due(self) -> None:
+        """Run the batches whose wait has passed."""
+        for batch in self.table.take_due():
             self._run(batch)
-        return len(due)
+
+    def busy(self) -> str:
+        running = sum(map(len, self.running.values()))
+        return f"{running} batched call(s) running" if running else ""
 
     def queued(self) -> int:
         return self.table.waiting() + sum(len(t) for t in self.running.values())

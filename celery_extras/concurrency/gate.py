@@ -31,6 +31,7 @@ from celery import Celery
 
 from .. import compat
 from ..admission.gate import QUEUED, RUN, Answer, Gate, HolderIds, Ticket
+from ..admission.handle import GateHandle
 from ..admission.notices import ALL, ReleaseNotices
 from ..admission.serial import serial
 from ..admission.spec import call_key
@@ -84,7 +85,7 @@ class SlotGate(Gate):
         self.grants: dict[int, Grant] = {}
         self.counts = {"admitted": 0, "waited": 0, "released": 0, "lost_leases": 0}
         self.notices = ReleaseNotices(self._noticed, "concurrency")
-        self._pipeline: Any = None
+        self._handle: Any = None
         self._consumer: Any = None
         self._has_store = store_url(app) is not None
         self._retry: dict[Bucket, Any] = {}  # bucket -> timer entry of its next attempt
@@ -96,8 +97,8 @@ class SlotGate(Gate):
         if policies.concurrency is not None:
             self.specs[name] = policies.concurrency
 
-    def start(self, pipeline: Any, consumer: Any) -> None:
-        self._pipeline, self._consumer = pipeline, consumer
+    def start(self, handle: GateHandle, consumer: Any) -> None:
+        self._handle, self._consumer = handle, consumer
         self.notices.start(consumer)
 
     def stop(self) -> None:
@@ -250,7 +251,7 @@ class SlotGate(Gate):
             self.queues.push_front(grant.bucket, ticket)
             return False
         self._granted(ticket, Grant(grant.bucket, holder, self.store, spec.lease, self.clock()))
-        self._pipeline.resume(ticket)
+        self._handle.resume(ticket)
         return True
 
     def wake(self, bucket: Bucket) -> None:
@@ -268,7 +269,7 @@ class SlotGate(Gate):
                 self._schedule(bucket, retry)
                 return
             self._granted(ticket, grant)
-            self._pipeline.resume(ticket)
+            self._handle.resume(ticket)
 
     def _noticed(self, bucket: Bucket) -> None:
         for one in self.queues.buckets() if bucket == ALL else [bucket]:

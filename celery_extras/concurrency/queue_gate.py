@@ -27,7 +27,7 @@ from celery import Celery, bootsteps
 from celery.exceptions import ImproperlyConfigured
 
 from ..admission.gate import Ticket
-from ..admission.registry import TaskPolicies
+from ..admission.handle import GateHandle
 from ..admission.request_hook import request_hook
 from ..admission.spec import PolicyError
 from ..delay.parking import origin_queue
@@ -92,8 +92,8 @@ class QueueSlotGate(SlotGate):
         queue = queue_of(self.app, ticket.request)
         return bucket_name(queue) if queue in self.caps else None
 
-    def start(self, pipeline: Any, consumer: Any) -> None:
-        super().start(pipeline, consumer)
+    def start(self, handle: GateHandle, consumer: Any) -> None:
+        super().start(handle, consumer)
         if self.caps:
             hook = request_hook(consumer)
             hook.divert = self.divert
@@ -103,17 +103,16 @@ class QueueSlotGate(SlotGate):
         """``True`` when *request* (reaching the consumer's ``on_task_request``) is a task
         without a policy from a capped queue, not yet granted its slot: it is submitted to
         the pipeline instead of going to the pool."""
-        if id(request) in self.grants or self._pipeline is None:
+        if id(request) in self.grants or self._handle is None:
             return False  # granted: on to the pool
         name = getattr(request, "name", None)
         if not isinstance(name, str) or queue_of(self.app, request) not in self.caps:
             return False
         if name not in self._routed:
-            if name in self._pipeline.chains:
+            if self._handle.has_gates(name):
                 return False  # a task with a policy: this gate is in its chain already
-            self._pipeline.register(name, TaskPolicies())
             self._routed.add(name)
-        self._pipeline.submit(self._consumer, request, name)
+        self._handle.submit(request, name)
         return True
 
     def info(self) -> dict[str, Any]:

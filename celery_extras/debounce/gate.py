@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..admission.gate import Ticket
+from ..admission.handle import GateHandle
 from ..admission.sent import sent_at
 from ..delay.capability import parking_uses
 from ..keyed.gate import KeyRules, KeyRunGate, context_text, retries_of
@@ -58,6 +59,6 @@ class DebounceGate(KeyRunGate):
         return (request.id, sent, holding.holder, spec.wait, spec.max_wait, spec.lease,
                 retries_of(request), context_text(ticket, self.label))  # fmt: skip
 
-    def start(self, pipeline: Any, consumer: Any) -> None:
+    def start(self, handle: GateHandle, consumer: Any) -> None:
         self.parks = bool(parking_uses(self.app))  # its workers release what is parked
-        super().start(pipeline, consumer)
+        super().start(handle, consumer)

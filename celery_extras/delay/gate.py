@@ -29,7 +29,7 @@ from .entry import CLAIM_HEADER, PARKED_HEADER
 from .parking import STORE_ERRORS, Park, Parker
 from .store import TakeStatus
 
-__all__ = ["DELAY_ATTR", "ArrivalGate", "ReleasedSlot", "hurry", "slot_of_kind"]
+__all__ = ["DELAY_ATTR", "ArrivalGate", "ReleasedSlot", "slot_of_kind"]
 
 logger = logging.getLogger(__name__)
 
@@ -259,15 +259,3 @@ def slot_of_kind(kind: str) -> tuple[int, frozenset[int]] | None:
     if len(held) > _MOST_HELD or not all(h.isdecimal() and len(h) <= 3 for h in held):
         held = []
     return index, frozenset(int(h) for h in held) - {index}
-
-
-def hurry(consumer: Any, entry: str, what: str) -> None:
-    """Make the parked message of *entry* (*what* it is) due now, else it comes back only
-    when its wait, or the run's lease, would have ended."""
-    arrival = getattr(consumer, DELAY_ATTR, None)
-    if arrival is None:
-        return
-    try:
-        arrival.parker.store.hurry(entry)
-    except Exception as exc:
-        arrival.parker.store_failed(f"making {what} due", exc)

@@ -13,7 +13,6 @@ from ..admission.covered import CoveredEndings, pause_for_tests
 from ..admission.gate import COVERED, QUEUED, Answer, Ticket
 from ..admission.notices import Bucket
 from ..admission.serial import serial
-from ..delay.gate import DELAY_ATTR, hurry
 from .held import Held, Waiting
 from .holds import KeyRunHolds
 from .owed import OwedEndings, Unfinished
@@ -38,7 +37,7 @@ class KeyEndings:
     waiting: Waiting
     rules: ClassVar[Any]
     _consumer: Any
-    _pipeline: Any
+    _handle: Any
 
     def wake(self, bucket: Bucket, due_only: bool = False) -> None:
         raise NotImplementedError
@@ -50,7 +49,7 @@ class KeyEndings:
         mid = ticket.request.id
         if self.holds.was_ended(holding.bucket, mid):
             return COVERED
-        self.endings.end_here(self._consumer, self._pipeline, ticket, by,
+        self.endings.end_here(self._consumer, self._handle, ticket, by,
                               mark=lambda: self.holds.mark_ended(holding.bucket, mid))  # fmt: skip
         return QUEUED
 
@@ -58,7 +57,7 @@ class KeyEndings:
         """*run*'s finish answered: what it covered ends, its key's next run goes on."""
         self._end_owed(run.bucket, run.run_id, run.holder, done, run.known)
         if done.parked:
-            hurry(self._consumer, done.parked, self.rules.parked)
+            self._handle.hurry(done.parked, self.rules.parked)
         if run.bucket in self.waiting:
             self.wake(run.bucket)
 
@@ -91,15 +90,9 @@ class KeyEndings:
     def _end_purged(self) -> None:
         """A parked waiting run a purge dropped: its hold goes (not adopted, not ended by the
         key's next run) and what it covered ends revoked, as Celery ends a revoked task."""
-        arrival = getattr(self._consumer, DELAY_ATTR, None)
-        if arrival is None or not len(self.parked_runs):
+        if self._handle is None or not len(self.parked_runs):
             return
-        try:
-            purged = self.parked_runs.purged(arrival.parker.store)
-        except Exception as exc:
-            arrival.parker.store_failed("checking the parked waiting runs", exc)
-            return
-        for run in purged:
+        for run in self.parked_runs.purged(self._handle.purged):
             dropped = self.holds.drop(run.bucket, run.run_id)
             if dropped is not None and dropped.covered:
                 self.endings.end_purged(self._consumer, run.bucket[0], covered_messages(dropped),

@@ -39,6 +39,7 @@ from celery.signals import task_revoked
 from .. import compat
 from ..admission.covered import CoveredEndings, context_of, encode_context
 from ..admission.gate import COVERED, QUEUED, RUN, Answer, Gate, Hold, HolderIds, Ticket
+from ..admission.handle import GateHandle
 from ..admission.notices import Bucket, ReleaseNotices
 from ..admission.policy import Policy
 from ..admission.serial import serial
@@ -146,7 +147,7 @@ class KeyRunGate(KeyEndings, Gate):
         self.notices = ReleaseNotices(self.wake, self.label)
         self.counts = {"runs": 0, self.rules.counter: 0, "waited": 0, "parked": 0, "unheld": 0}
         self.parks = True
-        self._pipeline: Any = None
+        self._handle: Any = None
         self._consumer: Any = None
 
     # -- the policy's part ---------------------------------------------------------------------
@@ -173,8 +174,8 @@ class KeyRunGate(KeyEndings, Gate):
         if spec is not None:
             self.specs[name] = spec
 
-    def start(self, pipeline: Any, consumer: Any) -> None:
-        self._pipeline, self._consumer = pipeline, consumer
+    def start(self, handle: GateHandle, consumer: Any) -> None:
+        self._handle, self._consumer = handle, consumer
         self.notices.start(consumer)
         task_revoked.connect(serial(consumer).wrap(self._discarded), weak=False,
                              dispatch_uid=f"{self.label}.{id(self)}")  # fmt: skip
@@ -263,7 +264,7 @@ class KeyRunGate(KeyEndings, Gate):
             if answer is not QUEUED or (verdict.kind == "covered" and verdict.ended):
                 self.waiting.remove(one, ticket)  # (covered by an ended run: ending here)
                 if answer is not QUEUED:
-                    self._pipeline.resume(ticket, answer)
+                    self._handle.resume(ticket, answer)
 
     # -- endings -------------------------------------------------------------------------------
 
@@ -298,7 +299,7 @@ class KeyRunGate(KeyEndings, Gate):
         """Park what waits here over ``extras_delay_max_hold``, for what is left of its wait."""
         for bucket, ticket, holding in self.waiting.held_since(now - self.max_hold):
             seconds = max(holding.due - (now - holding.asked), 0.0) + self.park_late
-            entry = (self._pipeline.park_queued(ticket, self.label, seconds)
+            entry = (self._handle.park(ticket, self.label, seconds)
                      if self.parks else None)  # fmt: skip
             if entry is None:
                 holding.since = now  # cannot park (no delay store, store down): held
@@ -330,7 +331,8 @@ class KeyRunGate(KeyEndings, Gate):
             compat.forget_held(ticket.request)
             self.holds.forget(bucket, ticket.request.id, holding.holder)
         self.endings.forget_here()
-        self.runs.drop_unadmitted(self._pipeline.admitted if self._pipeline is not None else {})
+        if self._handle is not None:
+            self.runs.drop_unadmitted(self._handle.in_pool)
         self.notices.stop()
         task_revoked.disconnect(dispatch_uid=f"{self.label}.{id(self)}")
 

@@ -58,11 +58,11 @@ class RunHolds:
         """Renew the holds due; a hold that ran out before renewal is lost (logged)."""
         self.lost += renew_due(self.runs.values(), now, self._renew, self.policy)
 
-    def drop_unadmitted(self, admitted: Any) -> None:
+    def drop_unadmitted(self, in_pool: Callable[[Any], bool]) -> None:
         """The connection is lost: runs that had not reached the pool keep their hold for
         whoever receives them next; those running keep theirs until they end."""
         for key, (ticket, holding) in list(self.runs.items()):
-            if key not in admitted:
+            if not in_pool(ticket.request):
                 del self.runs[key]
                 self.step_aside(ticket, holding, 0.0)
 

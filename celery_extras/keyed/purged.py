@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..admission.notices import Bucket
 
@@ -53,17 +52,20 @@ class ParkedRuns:
         """*run_id* of *bucket* was parked as *entry*, its hold kept *held* seconds."""
         self.runs[entry] = ParkedRun(bucket, run_id, self.clock() + held)
 
-    def purged(self, store: Any) -> list[ParkedRun]:
-        """At most every :data:`CHECK` seconds: the runs whose entry *store* says a purge
-        dropped (forgotten, with those taken, unknown or whose hold ran out). The store's
-        errors propagate (the runs are checked again next time)."""
+    def purged(self, fates_of: Callable[[list[str]], dict[str, bool | None] | None]
+               ) -> list[ParkedRun]:  # fmt: skip
+        """At most every :data:`CHECK` seconds: the runs whose entry the delay store says a
+        purge dropped (forgotten, with those taken, unknown or whose hold ran out), as
+        *fates_of* tells (``None``: the store failed; the runs are checked again next time)."""
         now = self.clock()
         if not self.runs or now < self.next_check:
             return []
         self.next_check = now + CHECK
         for entry in [entry for entry, run in self.runs.items() if run.until <= now]:
             del self.runs[entry]
-        fates = store.purged(list(self.runs)) if self.runs else {}
+        fates = fates_of(list(self.runs)) if self.runs else {}
+        if fates is None:
+            return []
         gone = [entry for entry, fate in fates.items() if fate is not False]
         return [run for entry in gone
                 if (run := self.runs.pop(entry, None)) is not None and fates[entry]]  # fmt: skip

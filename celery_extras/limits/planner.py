@@ -22,7 +22,7 @@ from ..admission.store_round import StoreCall
 from ..bounds import MAX_WAIT
 from .all_of import admit_all
 from .booked_ahead import BookedAhead
-from .redis_bucket import LimitTake
+from .redis_bucket import Acquired, LimitTake
 from .spec import CostError, LimitSpec, limit_id
 from .token_bucket import TokenBucket
 from .worker_limits import WorkerLimits
@@ -287,16 +287,7 @@ class LimitPlanner(WorkerLimits):
         shadow_waits: list[tuple[int, float]] = []
         remote_booked: Iterable[tuple[_Call, bool, float]] = ()
         if remote or shadow_remote:
-            store = self.global_bucket()
-            if answered is not None:  # a round's reply to its call
-                acquired = store.acquired(*answered)
-            else:
-                several = sum(s.scope == "global" for s in self.specs[name]) > 1
-                takes = [c.take() for c in remote], [c.take() for c in shadow_remote]
-                acquired = store.acquire(name, *takes, wait, several)
-            self.store.answered()
-            if acquired.ahead:
-                self.ahead.booked(_ahead_key(name, remote), acquired.ahead, acquired.horizon)
+            acquired = _ask_store(self, name, remote, shadow_remote, wait, answered)
             wait = acquired.wait
             if acquired.binding is not None:
                 binding = remote[acquired.binding]
@@ -320,24 +311,9 @@ class LimitPlanner(WorkerLimits):
         taken.update(c.index for c, booked in zip(local, narrow.booked, strict=True) if booked)
         if wait > 0:
             binding = binding or (remote + local)[0]  # the store's wait, none binding named
-            fell_back = fallback and binding.spec.scope == "global"
-            if binding.spec.scope == "global" and not fell_back:
-                wait = self.buckets.after_fallback(binding.id, binding.key, wait)
-            held = Plan.held(wait, now, binding.index, binding.index, fell_back, self.max_hold)
-            return replace(held, taken=frozenset(taken - {binding.index}))
+            return _held_by(self, binding, wait, now, fallback, taken)
         # admitted: every limit is taken now; the shadow ones say what they would have done
-        for c in shadow_local:
-            if c.cost:
-                bucket = self._bucket_of(c, fallback)
-                shadow_waits.append((c.index, min(MAX_WAIT, bucket.reserve(c.cost, MAX_WAIT))))
-        shadowed = tuple((i, w) for i, w in shadow_waits if w > 0)
-        debt = max([0.0] + [self.buckets.after_fallback(c.id, c.key, 0.0) for c in remote])
-        if debt > 0:  # a fallback bucket handed out slots during an outage: wait them out
-            only = remote[0].index if len(local) + len(remote) == 1 else None
-            held = Plan.held(debt, now, only, remote[0].index, False, self.max_hold)
-            return replace(held, shadowed=shadowed)
-        return Plan(action="run", wait=0.0, booked=True, due=now, verified=verified,
-                    shadowed=shadowed)  # fmt: skip
+        return _admitted(self, local, remote, shadow_local, shadow_waits, now, verified, fallback)
 
     def _parked_unbooked(self, call: _Call, wait: float) -> Plan:
         """A worker-scope limit makes the task wait longer than the worker holds: it is
@@ -357,6 +333,67 @@ class LimitPlanner(WorkerLimits):
         if call.spec.scope == "worker" or not fallback:
             return self._local(call.id, call.key, call.rate, call.burst)
         return self.buckets.fallback(call.id, call.key, call.rate, call.burst)
+
+
+def _ask_store(
+    planner: LimitPlanner,
+    name: str,
+    remote: list[_Call],
+    shadow_remote: list[_Call],
+    floor: float,
+    answered: tuple[StoreCall, Any] | None,
+) -> Acquired:
+    """The store's answer to the global calls of *name* (a round's reply when *answered*,
+    else asked now with the local wait as *floor*), the calls it booked ahead kept."""
+    store = planner.global_bucket()
+    if answered is not None:  # a round's reply to its call
+        acquired = store.acquired(*answered)
+    else:
+        several = sum(s.scope == "global" for s in planner.specs[name]) > 1
+        takes = [c.take() for c in remote], [c.take() for c in shadow_remote]
+        acquired = store.acquire(name, *takes, floor, several)
+    planner.store.answered()
+    if acquired.ahead:
+        planner.ahead.booked(_ahead_key(name, remote), acquired.ahead, acquired.horizon)
+    return acquired
+
+
+def _held_by(
+    planner: LimitPlanner, binding: _Call, wait: float, now: float, fallback: bool, taken: set[int]
+) -> Plan:
+    """The task waits *wait* s for *binding*'s slot (after the slots its fallback bucket
+    handed out, unless the slot is that bucket's); the other limits in *taken* stay taken."""
+    fell_back = fallback and binding.spec.scope == "global"
+    if binding.spec.scope == "global" and not fell_back:
+        wait = planner.buckets.after_fallback(binding.id, binding.key, wait)
+    held = Plan.held(wait, now, binding.index, binding.index, fell_back, planner.max_hold)
+    return replace(held, taken=frozenset(taken - {binding.index}))
+
+
+def _admitted(
+    planner: LimitPlanner,
+    local: list[_Call],
+    remote: list[_Call],
+    shadow_local: list[_Call],
+    shadow_waits: list[tuple[int, float]],
+    now: float,
+    verified: bool,
+    fallback: bool,
+) -> Plan:
+    """A task every limit admitted: it runs, with what its shadow limits would have done,
+    unless a fallback debt of its global limits makes it wait that out first."""
+    for c in shadow_local:
+        if c.cost:
+            bucket = planner._bucket_of(c, fallback)
+            shadow_waits.append((c.index, min(MAX_WAIT, bucket.reserve(c.cost, MAX_WAIT))))
+    shadowed = tuple((i, w) for i, w in shadow_waits if w > 0)
+    debt = max([0.0] + [planner.buckets.after_fallback(c.id, c.key, 0.0) for c in remote])
+    if debt > 0:  # a fallback bucket handed out slots during an outage: wait them out
+        only = remote[0].index if len(local) + len(remote) == 1 else None
+        held = Plan.held(debt, now, only, remote[0].index, False, planner.max_hold)
+        return replace(held, shadowed=shadowed)
+    return Plan(action="run", wait=0.0, booked=True, due=now, verified=verified,
+                shadowed=shadowed)  # fmt: skip
 
 
 def _ahead_key(name: str, calls: list[_Call]) -> tuple[Any, ...]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..admission.gate import Ticket
+from ..admission.handle import GateHandle
 from ..keyed.gate import KeyRules, KeyRunGate, context_text, retries_of
 from ..keyed.held import Held
 from ..signals import task_memoized
@@ -46,8 +47,8 @@ class MemoizeGate(KeyRunGate):
         stored = ticket.outcome is True and self.endings.stores_results(ticket.name)
         return (spec.ttl if stored else 0.0, spec.max_keys)
 
-    def start(self, pipeline: Any, consumer: Any) -> None:
-        super().start(pipeline, consumer)
+    def start(self, handle: GateHandle, consumer: Any) -> None:
+        super().start(handle, consumer)
         blind = sorted(name for name in self.specs if not self.endings.stores_results(name))
         if blind:
             self.logger.error(

@@ -85,14 +85,36 @@ def _field(infos: Mapping[str, Any], step: str, name: str) -> Any:
     return info.get(name) if isinstance(info, dict) else None
 
 
+#: The capabilities whose steps report their view of the store (a ``store_up`` row each).
+_CAPABILITIES = ("policies", "sync", "delay")
+
+
 def _read_store(infos: Mapping[str, Any]) -> dict[str, str] | None:
-    """Each capability's view of the store: the ``store`` field of its step's info."""
+    """Each capability's view of the store: the ``store`` field of its step's info; and each
+    policy's (its gate's figures in ``extras_policies``), where ``policies`` is the first
+    of them not ``ok``, else ``ok``."""
     store: dict[str, str] = {}
-    for capability in ("policies", "sync", "delay"):
+    policies = _policy_stores(infos.get("extras_policies"))
+    if policies:
+        store["policies"] = next((s for s in policies.values() if s != "ok"), "ok")
+    for capability in _CAPABILITIES[1:]:
         status = _field(infos, f"extras_{capability}", "store")
         if isinstance(status, str):
             store[capability] = status
+    store.update(policies)
     return store or None
+
+
+def _policy_stores(figures: Any) -> dict[str, str]:
+    """Each policy's ``store`` field in ``extras_policies``: the limits' at its top (their
+    figures come first, as before there were other policies), the others' in their own."""
+    if not isinstance(figures, dict):
+        return {}
+    stores = {"limits": figures["store"]} if isinstance(figures.get("store"), str) else {}
+    for policy, figure in figures.items():
+        if isinstance(figure, dict) and isinstance(figure.get("store"), str):
+            stores[policy] = figure["store"]
+    return stores
 
 
 def _read_eviction(infos: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -361,9 +383,11 @@ def _evictable(value: dict[str, Any]) -> Iterable[Sample]:
 
 
 def _store_text(value: dict[str, str]) -> str | None:
-    if not value:
+    """The capabilities' rows, and a policy's only when it is not ``ok``."""
+    shown = [(k, v) for k, v in value.items() if k in _CAPABILITIES or v != "ok"]
+    if not shown:
         return None
-    return "store: " + ", ".join(f"{printable(k)} {printable(v)}" for k, v in value.items())
+    return "store: " + ", ".join(f"{printable(k)} {printable(v)}" for k, v in shown)
 
 
 def _eviction_text(value: dict[str, Any]) -> str | None:
@@ -400,7 +424,8 @@ GAUGES: tuple[Gauge, ...] = (
         families=(
             Family(
                 "celery_extras_store_up",
-                "1 when this capability of the worker reaches the store, 0 when it reports it down",
+                "1 when this capability (sync, policies, delay) or policy (limits, concurrency, "
+                "coalesce...) of the worker reaches the store, 0 when it reports it down",
                 ("capability",),
                 _store_up,
             ),

@@ -116,6 +116,95 @@ def _gauges(state: Mapping[str, Any]) -> str:
     return "  ".join(parts)
 
 
+@dataclass(frozen=True)
+class _Table:
+    """The columns one frame shows: the rate *windows* (those of *rate_cols*), the counts of
+    the window at index *col*, and task names cut to *name_width*."""
+
+    windows: tuple[float, ...]
+    col: int
+    name_width: int
+    rate_cols: list[int]
+    counts: list[_Column]
+
+    def headings(self) -> list[str]:
+        """The two heading lines: what each group of columns counts, then each column's label."""
+        rates_width = _RATE_WIDTH * len(self.rate_cols)
+        ruler = (
+            "".ljust(self.name_width)
+            + "finished/s".center(rates_width)[:rates_width]
+            + " |"
+            + f"last {window_label(self.windows[self.col])}".center(_COUNT_WIDTH * len(self.counts))
+        )
+        header = (
+            "task".ljust(self.name_width)
+            + "".join(window_label(self.windows[i]).rjust(_RATE_WIDTH) for i in self.rate_cols)
+            + " |"
+            + "".join(c.label.rjust(_COUNT_WIDTH) for c in self.counts)
+            + "p95ms".rjust(_P95_WIDTH)
+        )
+        return [ruler, header]
+
+    def rows(self, title: str, tasks: Mapping[str, TaskFigures], p95_mark: str = "") -> list[str]:
+        """*title*, then one line per task of *tasks* (by name), its p95 marked *p95_mark*."""
+        windows, rate_cols, col = self.windows, self.rate_cols, self.col
+        lines = [title]
+        for name in sorted(tasks):
+            task = tasks[name]
+            done = [sum(task.counts[c][i] for c in DONE) for i in range(len(windows))]
+            lines.append(
+                truncate("  " + printable(name), self.name_width - 1).ljust(self.name_width)
+                + "".join(_rate(done[i], windows[i]).rjust(_RATE_WIDTH) for i in rate_cols)
+                + " |"
+                + "".join(str(task.counts[c.counter][col]).rjust(_COUNT_WIDTH) for c in self.counts)
+                + (_ms(task.runtime.get("p95")) + p95_mark).rjust(_P95_WIDTH)
+            )
+        return lines
+
+
+def _active(tasks: Mapping[str, TaskFigures]) -> dict[str, TaskFigures]:
+    """The tasks of *tasks* that counted anything in any window."""
+    return {n: t for n, t in tasks.items() if any(any(r) for r in t.counts.values())}
+
+
+def _cluster_state(workers: Mapping[str, Throughput]) -> dict[str, Any]:
+    """The workers' gauges merged as each gauge says (waiting summed, parked the largest)."""
+    cluster_state: dict[str, Any] = {}
+    for gauge in gauges.GAUGES:
+        values = [f.state[gauge.key] for f in workers.values() if gauge.key in f.state]
+        if gauge.merge is not None and values:
+            cluster_state[gauge.key] = gauge.merge(values)
+    return cluster_state
+
+
+def _body(workers: Mapping[str, Throughput], table: _Table) -> list[str]:
+    """The lines under the headings: the cluster's tasks and queues, then each worker's."""
+    cluster_state = _cluster_state(workers)
+    mark = "*" if len(workers) > 1 else ""
+    cluster = _active(merge_workers(workers, table.windows))
+    body = table.rows(f"cluster  {_gauges(cluster_state)}".rstrip(), cluster, mark)
+    body.extend(queue_rows(cluster_state.get("queues") or {}, table.name_width))
+    others = [printable(h) for h, f in workers.items() if f.windows != table.windows]
+    if others:
+        body.append(f"  (not in the cluster sums, other windows: {', '.join(others)})")
+    for hostname, figures in workers.items():
+        title = f"{printable(hostname)}  {_gauges(figures.state)}".rstrip()
+        if figures.windows != table.windows:  # its counts do not fit the columns
+            body.append(f"{title}  (windows {', '.join(map(window_label, figures.windows))})")
+            continue
+        body.extend(table.rows(title, _active(figures.tasks)))
+    return body
+
+
+def _fit(body: list[str], top: int, height: int | None) -> list[str]:
+    """*body* cut to the lines a terminal of *height* has under *top* lines, the rest counted."""
+    if height is not None and top + len(body) > max(height - 1, top + 2):
+        room = max(1, height - 1 - top - 1)
+        hidden = len(body) - room
+        body = [*body[:room], f"... {hidden} more line(s): enlarge the terminal"]
+    return body
+
+
 def render(
     workers: Mapping[str, Throughput],
     malformed: int = 0,
@@ -131,60 +220,11 @@ def render(
         return truncate(head, width) + "\n\nwaiting for worker-throughput events...\n"
     windows = next(iter(workers.values())).windows
     shown = 60 if 60 in windows else max(windows)
-    col = windows.index(shown)
     names = [printable(n) for f in workers.values() for n in f.tasks]
     name_width, rate_cols, counts = _layout(windows, width, names)
-    rates_width = _RATE_WIDTH * len(rate_cols)
-    ruler = (
-        "".ljust(name_width)
-        + "finished/s".center(rates_width)[:rates_width]
-        + " |"
-        + f"last {window_label(shown)}".center(_COUNT_WIDTH * len(counts))
-    )
-    header = (
-        "task".ljust(name_width)
-        + "".join(window_label(windows[i]).rjust(_RATE_WIDTH) for i in rate_cols)
-        + " |"
-        + "".join(c.label.rjust(_COUNT_WIDTH) for c in counts)
-        + "p95ms".rjust(_P95_WIDTH)
-    )
-    top_lines = [head, ruler, header]
-    body: list[str] = []
-
-    def rows(title: str, tasks: Mapping[str, TaskFigures], p95_mark: str = "") -> None:
-        body.append(title)
-        for name in sorted(tasks):
-            task = tasks[name]
-            done = [sum(task.counts[c][i] for c in DONE) for i in range(len(windows))]
-            body.append(
-                truncate("  " + printable(name), name_width - 1).ljust(name_width)
-                + "".join(_rate(done[i], windows[i]).rjust(_RATE_WIDTH) for i in rate_cols)
-                + " |"
-                + "".join(str(task.counts[c.counter][col]).rjust(_COUNT_WIDTH) for c in counts)
-                + (_ms(task.runtime.get("p95")) + p95_mark).rjust(_P95_WIDTH)
-            )
-
-    def active(tasks: Mapping[str, TaskFigures]) -> dict[str, TaskFigures]:
-        return {n: t for n, t in tasks.items() if any(any(r) for r in t.counts.values())}
-
-    cluster_state: dict[str, Any] = {}
-    for gauge in gauges.GAUGES:  # waiting summed, parked the largest: as each gauge says
-        values = [f.state[gauge.key] for f in workers.values() if gauge.key in f.state]
-        if gauge.merge is not None and values:
-            cluster_state[gauge.key] = gauge.merge(values)
-    mark = "*" if len(workers) > 1 else ""
-    cluster = active(merge_workers(workers, windows))
-    rows(f"cluster  {_gauges(cluster_state)}".rstrip(), cluster, mark)
-    body.extend(queue_rows(cluster_state.get("queues") or {}, name_width))
-    others = [printable(h) for h, f in workers.items() if f.windows != windows]
-    if others:
-        body.append(f"  (not in the cluster sums, other windows: {', '.join(others)})")
-    for hostname, figures in workers.items():
-        rows(f"{printable(hostname)}  {_gauges(figures.state)}".rstrip(), active(figures.tasks))
-    if height is not None and len(top_lines) + len(body) > max(height - 1, len(top_lines) + 2):
-        room = max(1, height - 1 - len(top_lines) - 1)
-        hidden = len(body) - room
-        body = [*body[:room], f"... {hidden} more line(s): enlarge the terminal"]
+    table = _Table(windows, windows.index(shown), name_width, rate_cols, counts)
+    top_lines = [head, *table.headings()]
+    body = _fit(_body(workers, table), len(top_lines), height)
     if len(workers) > 1:
         top_lines[0] = head + "  (* p95: the largest worker's)"
     return "\n".join(truncate(line, width) for line in (*top_lines, *body)) + "\n"

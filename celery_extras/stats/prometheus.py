@@ -62,7 +62,7 @@ from prometheus_client.core import (
 from . import gauges
 from .listener import ClusterState, Listener, LiveState
 from .recorder import COUNTERS
-from .schema import RuntimeTotal
+from .schema import RuntimeTotal, TaskFigures, Throughput
 from .text import printable
 
 __all__ = [
@@ -112,6 +112,36 @@ class ThroughputCollector:
         return []  # no collect() at registration time
 
     def collect(self) -> Iterator[Any]:
+        """Every family, from the latest figures of each worker heard within :attr:`max_age`."""
+        families = _WorkerFamilies.empty()
+        now = self.state.clock()
+        latest = self.state.latest(self.max_age)
+        for worker_name, (figures, seen) in latest.items():
+            families.add_worker(worker_name, figures, seen, now)
+        yield from families
+        yield from cluster_families([figures.state for figures, _ in latest.values()])
+        yield CounterMetricFamily(
+            "celery_extras_malformed_events",
+            "worker-throughput events dropped as malformed",
+            value=self.state.malformed,
+        )
+
+
+@dataclass(frozen=True)
+class _WorkerFamilies:
+    """The families labelled ``worker`` (and most ``task``) of one collection, filled worker
+    by worker, then yielded in the order Prometheus is given them."""
+
+    totals: CounterMetricFamily
+    runtime: HistogramMetricFamily
+    gauge_families: list[tuple[str, gauges.Family, GaugeMetricFamily]]
+    age: GaugeMetricFamily
+    window: GaugeMetricFamily
+    window_runtime: GaugeMetricFamily
+
+    @classmethod
+    def empty(cls) -> _WorkerFamilies:
+        """The families with no sample yet."""
         labels = ["worker", "task"]
         totals = CounterMetricFamily(
             "celery_extras_tasks",
@@ -144,42 +174,43 @@ class ThroughputCollector:
             "Runtime quantiles of successful runs over the worker's longest window",
             labels=[*labels, "quantile"],
         )
-        now = self.state.clock()
-        latest = self.state.latest(self.max_age)
-        for worker_name, (figures, seen) in latest.items():
-            worker = printable(worker_name)
-            windows = [f"{w:g}" for w in figures.windows]
-            age.add_metric([worker], max(0.0, now - seen))
-            for task_name, task_figures in figures.tasks.items():
-                task = printable(task_name)
-                if task_figures.totals is not None:
-                    for counter in COUNTERS:
-                        totals.add_metric([worker, task, counter], task_figures.totals[counter])
-                every = task_figures.runtime_total
-                if every is not None:
-                    runtime.add_metric(
-                        [worker, task], histogram_buckets(every), sum_value=every.total
-                    )
-                for name, row in task_figures.counts.items():
-                    for length, n in zip(windows, row, strict=True):
-                        window.add_metric([worker, task, length, name], n)
-                for quantile, stat in _QUANTILES:
-                    value = task_figures.runtime.get(stat)
-                    if value is not None and (stat != "max" or task_figures.runtime.get("count")):
-                        window_runtime.add_metric([worker, task, quantile], value)
-            for key, family, metric in gauge_families:
-                gauge = figures.state.get(key)
-                if gauge is not None:
-                    for label_values, sample in family.samples(gauge):
-                        metric.add_metric([worker, *map(printable, label_values)], sample)
-        yield from (totals, runtime, *(metric for _, _, metric in gauge_families), age, window)
-        yield window_runtime
-        yield from cluster_families([figures.state for figures, _ in latest.values()])
-        yield CounterMetricFamily(
-            "celery_extras_malformed_events",
-            "worker-throughput events dropped as malformed",
-            value=self.state.malformed,
-        )
+        return cls(totals, runtime, gauge_families, age, window, window_runtime)
+
+    def add_worker(self, worker_name: str, figures: Throughput, seen: float, now: float) -> None:
+        """The samples of one worker's *figures*, which arrived at *seen* (*now* is now)."""
+        worker = printable(worker_name)
+        windows = [f"{w:g}" for w in figures.windows]
+        self.age.add_metric([worker], max(0.0, now - seen))
+        for task_name, task_figures in figures.tasks.items():
+            self._add_task(worker, windows, printable(task_name), task_figures)
+        for key, family, metric in self.gauge_families:
+            gauge = figures.state.get(key)
+            if gauge is not None:
+                for label_values, sample in family.samples(gauge):
+                    metric.add_metric([worker, *map(printable, label_values)], sample)
+
+    def _add_task(self, worker: str, windows: list[str], task: str, figures: TaskFigures) -> None:
+        """The samples of one task of *worker*: its totals, runtime histogram, counts over
+        each of *windows* and runtime quantiles."""
+        if figures.totals is not None:
+            for counter in COUNTERS:
+                self.totals.add_metric([worker, task, counter], figures.totals[counter])
+        every = figures.runtime_total
+        if every is not None:
+            self.runtime.add_metric([worker, task], histogram_buckets(every), sum_value=every.total)
+        for name, row in figures.counts.items():
+            for length, n in zip(windows, row, strict=True):
+                self.window.add_metric([worker, task, length, name], n)
+        for quantile, stat in _QUANTILES:
+            value = figures.runtime.get(stat)
+            if value is not None and (stat != "max" or figures.runtime.get("count")):
+                self.window_runtime.add_metric([worker, task, quantile], value)
+
+    def __iter__(self) -> Iterator[Any]:
+        """The families, in the order the collector has always yielded them."""
+        yield from (self.totals, self.runtime)
+        yield from (metric for _, _, metric in self.gauge_families)
+        yield from (self.age, self.window, self.window_runtime)
 
 
 def cluster_families(states: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily]:

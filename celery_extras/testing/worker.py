@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from celery import Celery
 from kombu.transport.virtual import Channel
@@ -26,7 +26,6 @@ from .. import clock, compat
 from ..admission.gate import Gate
 from ..admission.pipeline import PIPELINE_ATTR
 from ..admission.serial import serial
-from ..batch.gate import BatchGate
 from ..delay.mover_thread import app_mover
 from ..delay.parking import Parker
 from ..delay.redis_store import RedisDelayStore
@@ -36,7 +35,6 @@ from ..store.client import redis_client, store_key
 
 __all__ = ["LoopProbe", "SettlingWorker", "logging_kept"]
 
-G = TypeVar("G")
 
 #: What a worker is busy with while a message it received is not acked yet.
 _ON_THE_WAY = "on their way in"
@@ -141,35 +139,23 @@ class SettlingWorker:
 
     def _gate_dues(self) -> list[float]:
         """When the worker's open batches and its gates' waits are due (monotonic)."""
-        batches = self._gate(BatchGate)
-        dues = [batches.table.next_due() if batches is not None else None,
-                *(gate.next_due() for gate in self._gates())]  # fmt: skip
+        dues = [gate.next_due() for gate in self._gates()]
         return [due for due in dues if due is not None]
 
     def release_due(self) -> None:
         while self.mover.run_once() == 0.0:  # a parked batch: more may be due
             pass
         loop = serial(self.controller.consumer)
-        batches = self._gate(BatchGate)
-        if batches is not None:  # batches whose wait passed run, on the worker's loop
-            loop.call_after(0.0, batches.flush_due)
-        for gate in self._gates():  # gates' waits that passed (debounced messages), there too
-            if gate.next_due() is not None:
+        for gate in self._gates():  # gates' waits that passed (batches, debounced messages)
+            if gate.next_due() is not None:  # run on the worker's loop
                 loop.call_after(0.0, gate.run_due)
         if self._probe is not None:
             self._probe.wake()
-
-    def _batches(self) -> BatchGate | None:
-        return self._gate(BatchGate)
 
     def _gates(self) -> tuple[Gate, ...]:
         """The gates of the worker's pipeline (none without one)."""
         pipeline = getattr(self.controller.consumer, PIPELINE_ATTR, None)
         return tuple(pipeline.gates) if pipeline is not None else ()
-
-    def _gate(self, kind: type[G]) -> G | None:
-        """The worker's gate of class *kind*, if its pipeline has one."""
-        return next((gate for gate in self._gates() if isinstance(gate, kind)), None)
 
     def settle(self) -> None:
         deadline = time.monotonic() + self.settle_timeout
@@ -209,13 +195,9 @@ class SettlingWorker:
                               if not self._taken(client, entry_id, token)]  # fmt: skip
             if self._released:
                 return f"{len(self._released)} released task(s) not taken yet"
-        batches = self._batches()
-        if batches is not None and batches.running:
-            return f"{sum(map(len, batches.running.values()))} batched call(s) running"
-        due = batches.table.next_due() if batches is not None else None
-        if due is not None and due <= clock.monotonic():
-            return "a batch due"
         for gate in self._gates():
+            if gate.busy():
+                return gate.busy()
             due = gate.next_due()
             if due is not None and due <= clock.monotonic():
                 return f"a wait of the {gate.label} gate due"

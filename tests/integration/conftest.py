@@ -55,13 +55,23 @@ STORES = ("default", "redis-cluster")
 
 
 @pytest.fixture
-def holds(client: Any) -> Iterator[RedisHolds]:
-    """Coalescing's store part on *client*, under a prefix of its own (removed after); a
-    module may define its own ``holds`` (debounce's, memoize's)."""
+def store_prefix(client: Any) -> Iterator[str]:
+    """A key prefix of the test's own on *client*: its keys are removed after the test."""
     prefix = f"t{uuid.uuid4().hex[:10]}"
-    yield RedisHolds(client, prefix)
+    yield prefix
     for key in client.scan_iter(f"{prefix}:*"):
         client.delete(key)
+
+
+@pytest.fixture
+def holds(client: Any, store_prefix: str) -> RedisHolds:
+    """Coalescing's store part on *client*, under a prefix of its own; a module may define
+    its own ``holds`` (debounce's, memoize's)."""
+    return RedisHolds(client, store_prefix)
+
+
+#: What a foreign write or a damaged restore may leave in a key run's fields.
+GARBAGE = (b"\xff not json", b"[1, 2]", b'{"id": 5, "u": "x"}', b'"text"', b"{}", b"null")
 
 
 def also_on_redis_cluster(broker: str) -> pytest.MarkDecorator:

@@ -12,15 +12,13 @@ import pytest
 import redis
 
 from celery_extras.coalesce.redis_holds import RedisHolds
+from tests.integration.conftest import GARBAGE
+from tests.support.clock import store_clock
 from tests.unit.test_coalesce_table import KEY, SCENARIOS, Harness
 
 
 def _harness(holds: RedisHolds, client: Any) -> Harness:
-    def now() -> float:
-        seconds, micros = client.time()
-        return float(seconds) + micros // 1000 / 1000  # the scripts' ms
-
-    return Harness(holds, now, time.sleep)
+    return Harness(holds, store_clock(client), time.sleep)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
@@ -75,10 +73,7 @@ def test_a_finished_run_with_a_run_waiting_publishes_its_key(
         pubsub.close()
 
 
-@pytest.mark.parametrize(
-    "garbage",
-    [b"\xff not json", b"[1, 2]", b'{"id": 5, "u": "x"}', b'"text"', b"{}", b"null"],
-)
+@pytest.mark.parametrize("garbage", GARBAGE)
 def test_garbage_in_a_key_reads_as_absent_and_heals(
     holds: RedisHolds, client: Any, garbage: bytes
 ) -> None:

@@ -5,8 +5,7 @@ Redis Cluster, with the server's clock. No worker and no broker here."""
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,23 +13,18 @@ import redis
 
 from celery_extras.admission.notices import parse_notice
 from celery_extras.debounce.redis_holds import RedisDebounce
+from tests.integration.conftest import GARBAGE
+from tests.support.clock import store_clock
 from tests.unit.test_debounce_table import KEY, SCENARIOS, WAIT, Harness
 
 
 @pytest.fixture
-def holds(client: Any) -> Iterator[RedisDebounce]:
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    yield RedisDebounce(client, prefix)
-    for key in client.scan_iter(f"{prefix}:*"):
-        client.delete(key)
+def holds(client: Any, store_prefix: str) -> RedisDebounce:
+    return RedisDebounce(client, store_prefix)
 
 
 def _harness(holds: RedisDebounce, client: Any) -> Harness:
-    def now() -> float:
-        seconds, micros = client.time()
-        return float(seconds) + micros // 1000 / 1000  # the scripts' ms
-
-    return Harness(holds, now, time.sleep)
+    return Harness(holds, store_clock(client), time.sleep)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
@@ -77,10 +71,7 @@ def test_a_waiting_key_lives_a_day_past_its_longest_hold(holds: RedisDebounce, c
     assert client.lrange(f"{name}:c:m1", 0, -1) == ["m0"]
 
 
-@pytest.mark.parametrize(
-    "garbage",
-    [b"\xff not json", b"[1, 2]", b'{"id": 5, "u": "x"}', b'"text"', b"{}", b"null"],
-)
+@pytest.mark.parametrize("garbage", GARBAGE)
 def test_garbage_in_a_key_reads_as_absent_and_heals(
     holds: RedisDebounce, client: Any, garbage: bytes
 ) -> None:

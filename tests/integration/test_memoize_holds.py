@@ -5,8 +5,7 @@ No worker and no broker here."""
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ import redis
 
 from celery_extras.memoize.redis_memo import RedisMemo
 from tests.support.brokers import REDIS_URL
+from tests.support.clock import store_clock
 from tests.unit.test_memoize_table import KEY, SCENARIOS, Harness
 
 
@@ -23,19 +23,12 @@ def client() -> Any:
 
 
 @pytest.fixture
-def memo(client: Any) -> Iterator[RedisMemo]:
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    yield RedisMemo(client, prefix)
-    for key in client.scan_iter(f"{prefix}:*"):
-        client.delete(key)
+def memo(client: Any, store_prefix: str) -> RedisMemo:
+    return RedisMemo(client, store_prefix)
 
 
 def _harness(memo: RedisMemo, client: Any) -> Harness:
-    def now() -> float:
-        seconds, micros = client.time()
-        return float(seconds) + micros // 1000 / 1000  # the scripts' ms
-
-    return Harness(memo, now, time.sleep)
+    return Harness(memo, store_clock(client), time.sleep)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)

@@ -265,7 +265,9 @@ def test_every_ending_is_counted_exactly_everywhere(
             every = metrics["celery_extras_task_runtime_seconds_bucket"]
             assert every[(("le", "+Inf"), *key)] == row["succeeded"], name
         store = metrics["celery_extras_store_up"]
-        assert store[(("capability", "policies"), ("worker", worker.hostname))] == 1.0
+        for capability in ("policies", "limits", "concurrency", "queue_concurrency", "coalesce",
+                           "debounce", "memoize"):  # fmt: skip
+            assert store[(("capability", capability), ("worker", worker.hostname))] == 1.0
         assert metrics["celery_extras_tasks_waiting"][(("worker", worker.hostname),)] == 0.0
         buffered = metrics["celery_extras_queue_buffered"]
         assert buffered[(("queue", cluster.ns), ("worker", worker.hostname))] == 0.0

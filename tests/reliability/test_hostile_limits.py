@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from celery_extras.stats.emitter import worker_state
 from celery_extras.store.client import redis_client
 from tests.integration.conftest import Cluster
 from tests.support import proj
@@ -101,6 +102,9 @@ def test_wrong_type_key_is_reported_as_such_with_redis_text(
     stats = cluster.app.control.inspect(timeout=5, destination=[worker.hostname]).stats()
     policies = stats[worker.hostname]["extras_policies"]
     assert policies["store"] == "down" and "WRONGTYPE" in policies["store_error"], policies
+    rows = worker_state(stats[worker.hostname])["store"]  # celery_extras_store_up's rows
+    assert rows["limits"] == rows["policies"] == "down", rows  # a policy's row, its own
+    assert rows["concurrency"] == rows["coalesce"] == rows["memoize"] == "ok", rows
 
 
 def _cli(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:

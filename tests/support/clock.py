@@ -3,13 +3,25 @@ time for all of celery-extras at once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from celery_extras import clock
 from celery_extras.testing.clock import SimulatedClock
 
-__all__ = ["FakeClock", "simulated"]
+__all__ = ["FakeClock", "simulated", "store_clock"]
+
+
+def store_clock(client: Any) -> Callable[[], float]:
+    """The store's own clock (``TIME``), in the milliseconds its scripts read it in: a Redis
+    table's harness asks its rules on the clock the scripts keep."""
+
+    def now() -> float:
+        seconds, micros = client.time()
+        return float(seconds) + micros // 1000 / 1000
+
+    return now
 
 
 @contextmanager

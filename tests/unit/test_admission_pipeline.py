@@ -30,6 +30,7 @@ from celery_extras.admission.gate import (
     HolderIds,
     Ticket,
 )
+from celery_extras.admission.handle import GateHandle
 from celery_extras.admission.notices import bucket_tag
 from celery_extras.admission.pipeline import TICK, Pipeline
 from celery_extras.admission.request_hook import request_hook
@@ -87,8 +88,8 @@ class Scripted(Gate):
         if self.label in policies:
             self.names.add(name)
 
-    def start(self, pipeline: Any, consumer: Any) -> None:
-        self.started.append((pipeline, consumer))
+    def start(self, handle: Any, consumer: Any) -> None:
+        self.started.append((handle, consumer))
 
     def admit(self, ticket: Ticket) -> Answer:
         self.asked.append((self.label, ticket.request))
@@ -297,10 +298,11 @@ class Parker:
         return self.parks
 
 
-def arriving(parks: bool) -> tuple[Consumer, Any]:
+def arriving(pipeline: Pipeline, parks: bool) -> tuple[Consumer, Any]:
+    """A consumer whose pipeline is handed the delay store's arrival gate (as at its start)."""
     consumer = Consumer()
     arrival = SimpleNamespace(parker=Parker(parks), pop_slot=lambda task_id: None)
-    consumer.extras_delay = arrival  # type: ignore[attr-defined]
+    pipeline.arrival = arrival
     return consumer, arrival
 
 
@@ -309,7 +311,7 @@ def test_a_hold_with_park_is_parked_and_acked_when_the_store_takes_it(
 ) -> None:
     rate, _slots = gates
     rate.answers = [Hold(30.0, park="limit")]
-    consumer, arrival = arriving(parks=True)
+    consumer, arrival = arriving(pipeline, parks=True)
     request = TaskRequest("1")
     pipeline.submit(consumer, request, "t")
     assert arrival.parker.parked == [("e-1", "limit", 30.0)] and request.acked == 1
@@ -328,7 +330,7 @@ def test_a_hold_with_park_that_cannot_be_parked_is_held_in_the_timer(
     if why == "no delay store":
         consumer = Consumer()
     else:
-        consumer, _arrival = arriving(parks=why != "the store refuses")
+        consumer, _arrival = arriving(pipeline, parks=why != "the store refuses")
         if why == "protocol 1":  # no task name or id in the headers
             request._message = SimpleNamespace(headers={})
     pipeline.submit(consumer, request, "t")
@@ -347,7 +349,9 @@ def test_stop_drops_holds_and_bumps_the_epoch(
     consumer = Consumer()
     pipeline.start(consumer)
     (tick_entry,) = consumer.repeating
-    assert tick_entry.secs == TICK and rate.started == slots.started == [(pipeline, consumer)]
+    ((handle, started_on),) = rate.started
+    assert tick_entry.secs == TICK and slots.started == rate.started and started_on is consumer
+    assert isinstance(handle, GateHandle) and handle.consumer is consumer  # never the pipeline
     rate.answers = [Hold(1.0), Hold(2.0)]
     first, second = TaskRequest("1"), TaskRequest("2")
     pipeline.submit(consumer, first, "t")
@@ -515,7 +519,7 @@ def test_a_later_gate_parking_a_request_tells_the_earlier_gates_that_hear_ending
     pipeline = Pipeline([first, second])
     assert pipeline.register("t", BOTH)
     second.answers = [Hold(30.0, park="limit")]
-    consumer, _arrival = arriving(parks=True)
+    consumer, _arrival = arriving(pipeline, parks=True)
     request = TaskRequest("1")
     pipeline.submit(consumer, request, "t")
     assert first.yields == [(request, 30.0)] and first.ended == []
@@ -527,9 +531,9 @@ def test_a_later_gate_parking_a_request_tells_the_earlier_gates_that_hear_ending
     assert pipeline.park_queued(second.queued[0], "coalesce", 12.0) == "e-2"
     assert first.yields[-1] == (queued, 12.0) and queued.acked == 1
     assert (consumer.widened, consumer.narrowed) == (1, 1)
-    no_store = Consumer()
+    pipeline.arrival = None  # a worker without a delay store
     second.answers = [QUEUED]
-    pipeline.submit(no_store, TaskRequest("3"), "t")
+    pipeline.submit(consumer, TaskRequest("3"), "t")
     assert pipeline.park_queued(second.queued[-1], "coalesce", 5.0) is None  # no delay store
     pipeline.stop()
     worker_state_support.clear()

@@ -36,10 +36,10 @@ def test_parked_runs_give_the_purged_ones_once_and_keep_the_parked() -> None:
     store, runs = _store(clock), ParkedRuns(clock)
     for n in (1, 2, 3):
         runs.add(f"e{n}", ("task", f"k{n}"), f"w{n}", 30.0)
-    assert runs.purged(store) == [ParkedRun(("task", "k2"), "w2", clock.now + 30.0)]
+    assert runs.purged(store.purged) == [ParkedRun(("task", "k2"), "w2", clock.now + 30.0)]
     assert sorted(runs.runs) == ["e3"]  # e1 taken: forgotten; e3 still parked: watched
-    assert runs.purged(store) == []  # checked again only after CHECK seconds
+    assert runs.purged(store.purged) == []  # checked again only after CHECK seconds
     clock.now += CHECK
-    assert runs.purged(store) == [] and len(runs) == 1
+    assert runs.purged(store.purged) == [] and len(runs) == 1
     clock.now += 30.0  # its hold ran out: the key's next run adopts it
-    assert runs.purged(store) == [] and len(runs) == 0
+    assert runs.purged(store.purged) == [] and len(runs) == 0

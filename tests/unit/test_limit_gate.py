@@ -120,9 +120,10 @@ class Arrival:
         return self.slots.pop(task_id, None)
 
 
-def gated_consumer() -> tuple[Consumer, Arrival]:
+def gated_consumer(pipeline: Pipeline) -> tuple[Consumer, Arrival]:
+    """A consumer whose pipeline is handed the delay store's arrival gate (as at its start)."""
     consumer, arrival = Consumer(), Arrival()
-    consumer.extras_delay = arrival  # type: ignore[attr-defined]
+    pipeline.arrival = arrival
     return consumer, arrival
 
 
@@ -131,7 +132,7 @@ def test_parked_task_keeps_its_verified_slot_only_if_on_time(
     limits: Any, late: float, runs: bool
 ) -> None:
     pipeline, gate, clock = limits
-    consumer, arrival = gated_consumer()
+    consumer, arrival = gated_consumer(pipeline)
     gate.planner._local("t10", "", 10.0, 1).reserve()  # busy: booking again means waiting
     request = Request()
     arrival.slots[request.id] = (clock.now - late, 0, frozenset())
@@ -142,7 +143,7 @@ def test_parked_task_keeps_its_verified_slot_only_if_on_time(
 
 def test_a_verified_slot_still_ahead_is_held_until_it_comes(limits: Any) -> None:
     pipeline, gate, clock = limits
-    consumer, arrival = gated_consumer()
+    consumer, arrival = gated_consumer(pipeline)
     gate.planner._local("t10", "", 10.0, 1).reserve()
     request = Request()
     arrival.slots[request.id] = (clock.now + 0.7, 0, frozenset())
@@ -159,7 +160,7 @@ def test_slots_missed_in_an_outage_do_not_start_together(limits: Any) -> None:
     """Five parked tasks whose slots passed 0.1 to 0.5 s ago arrive at once after a
     reconnect: they book new slots one interval apart instead of all starting now."""
     pipeline, gate, clock = limits
-    consumer, arrival = gated_consumer()
+    consumer, arrival = gated_consumer(pipeline)
     for i in range(5):
         request = Request()
         arrival.slots[request.id] = (clock.now - 0.1 * (i + 1), 0, frozenset())
@@ -171,7 +172,7 @@ def test_slots_missed_in_an_outage_do_not_start_together(limits: Any) -> None:
 def test_a_slot_header_books_nothing(limits: Any) -> None:
     """``extras_slot`` (the old hand-back header) is not trusted: only the store's word is."""
     pipeline, gate, _clock = limits
-    consumer, _arrival = gated_consumer()
+    consumer, _arrival = gated_consumer(pipeline)
     gate.planner._local("t10", "", 10.0, 1).reserve()
     after_eta(pipeline, consumer, Request(eta=datetime.now(UTC), slot="t10"), "t10")
     assert consumer.ran == []
@@ -375,7 +376,7 @@ def test_a_fallback_slot_is_not_parked_as_booked(
         return Park.PARKED, "entry"
 
     monkeypatch.setattr(pipeline_module, "park_message", park)
-    consumer, _arrival = gated_consumer()
+    consumer, _arrival = gated_consumer(pipeline)
     for _ in range(40):  # waits beyond extras_limit_max_hold would be parked
         pipeline.submit(consumer, Request(), "g10")
     assert parked == []
@@ -397,7 +398,7 @@ def test_a_park_left_in_doubt_is_parked_again_never_run_here(
     store)."""
     pipeline, _gate, clock, _store = global10
     consumer = TimedConsumer(clock)
-    consumer.extras_delay = Arrival()  # type: ignore[attr-defined]
+    pipeline.arrival = Arrival()
     asked: list[str] = []
     doubted: dict[str, list[Park]] = {}
 
@@ -487,7 +488,7 @@ def test_a_parked_wait_ends_at_its_booked_slot_whatever_time_passed_before_parki
     monkeypatch.setattr(pipeline_module, "park_message", park)
     task_rate_limited.connect(slow_receiver, weak=False)
     try:
-        consumer, _arrival = gated_consumer()
+        consumer, _arrival = gated_consumer(pipeline)
         for _ in range(8):
             pipeline.submit(consumer, Request(), "g_half")  # 30/m: one slot every 2 s
     finally:

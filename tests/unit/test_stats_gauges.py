@@ -18,7 +18,8 @@ INFOS: dict[str, Any] = {
     "extras_policies": {
         "store": "ok",
         "waiting": 4,
-        "concurrency": {"tasks": {"t.a": {"n": 2, "holding": 2, "waiting": 1}}},
+        "concurrency": {"tasks": {"t.a": {"n": 2, "holding": 2, "waiting": 1}}, "store": "ok"},
+        "coalesce": {"tasks": {}, "store": "down"},  # each policy its row; "policies" the worst
         "by_limit": {
             "t.b": {
                 "1: 100/s": {"held": 0, "shadow": 4, "shadow_wait": 1.5},
@@ -68,7 +69,14 @@ def outputs(*states: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() -> None:
     state = worker_state(INFOS)
     assert state == {
-        "store": {"policies": "ok", "sync": "down", "delay": "ok"},
+        "store": {
+            "policies": "down",
+            "sync": "down",
+            "delay": "ok",
+            "limits": "ok",
+            "concurrency": "ok",
+            "coalesce": "down",
+        },
         "eviction": {"policy": "allkeys-lru", "at_risk": ["parked tasks", "revokes"]},
         "waiting": 4,
         "parked": 7,
@@ -85,9 +93,12 @@ def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() ->
     w = (("worker", "w0@h"),)
     names = {family.name for gauge in gauges.GAUGES for family in gauge.families}
     assert {k: v for k, v in samples.items() if k[0] in names} == {
-        ("celery_extras_store_up", (("capability", "policies"), *w)): 1.0,
+        ("celery_extras_store_up", (("capability", "policies"), *w)): 0.0,
         ("celery_extras_store_up", (("capability", "sync"), *w)): 0.0,
         ("celery_extras_store_up", (("capability", "delay"), *w)): 1.0,
+        ("celery_extras_store_up", (("capability", "limits"), *w)): 1.0,
+        ("celery_extras_store_up", (("capability", "concurrency"), *w)): 1.0,
+        ("celery_extras_store_up", (("capability", "coalesce"), *w)): 0.0,
         ("celery_extras_store_evictable", (("policy", "allkeys-lru"), *w)): 2.0,
         ("celery_extras_tasks_waiting", w): 4.0,
         ("celery_extras_tasks_parked", w): 7.0,
@@ -112,7 +123,7 @@ def test_every_gauge_goes_from_the_steps_to_the_event_prometheus_and_flower() ->
         },
     }
     assert data["workers"]["w0@h"]["gauges"] == [
-        "store: policies ok, sync down, delay ok",
+        "store: policies down, sync down, delay ok, coalesce down",  # a policy: when not ok
         "store may evict parked tasks, revokes (maxmemory-policy allkeys-lru)",
         "waiting 4",
         "parked 7",

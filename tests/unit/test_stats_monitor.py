@@ -109,3 +109,14 @@ def test_control_characters_in_names_are_escaped() -> None:
     frame = render({host: evil}, now=0, width=120)
     assert "\x1b" not in frame and "\x07" not in frame and "\u202e" not in frame
     assert "evil\\x1b[2J@h" in frame and "t\\x1b]0;pwned\\x07\\u202e" in frame
+
+
+def test_a_worker_with_fewer_windows_is_named_not_shown_in_the_columns() -> None:
+    """A worker configured with other windows (fewer than the first's) used to crash the
+    frame with an IndexError, as its counts were read per column of the first's."""
+    first = figures("w1@h", [1, 2, 3], [0, 0, 0], None)
+    few = figures("w2@h", [1, 2], [0, 0], None)
+    few = Throughput(few.hostname, 0.0, (1, 10), few.tasks)
+    lines = render({"w1@h": first, "w2@h": few}, now=0).splitlines()
+    assert "  (not in the cluster sums, other windows: w2@h)" in lines
+    assert "w2@h  (windows 1s, 10s)" in lines

@@ -239,7 +239,12 @@ def test_the_worker_state_gauges_come_from_the_steps_info() -> None:
         "extras": {"windows": [1]},
     }
     assert worker_state(infos) == {
-        "store": {"policies": "down", "sync": "ok", "delay": "down: ConnectionError()"},
+        "store": {
+            "policies": "down",
+            "sync": "ok",
+            "delay": "down: ConnectionError()",
+            "limits": "down",  # the limits' figures are at the top of extras_policies
+        },
         "waiting": 3,
         "parked": 12,
         "concurrency": {"t.c": {"holding": 1, "waiting": 2}},

@@ -5,6 +5,7 @@ the standard library and other pure modules (no Celery, kombu or redis)."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,30 @@ def test_no_class_is_over_250_lines() -> None:
                 if length > 250:
                     long.append(f"{path.relative_to(PACKAGE)}: {node.name} ({length} lines)")
     assert long == []
+
+
+def test_no_function_is_over_60_lines() -> None:
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno:
+                length = node.end_lineno - node.lineno + 1
+                if length > 60:
+                    long.append(f"{path.relative_to(PACKAGE)}: {node.name} ({length} lines)")
+    assert long == []
+
+
+def test_a_gate_is_handed_a_handle_and_nothing_reaches_through_the_consumer() -> None:
+    """Gates hold a ``GateHandle``, never the pipeline; only the admission step reads the
+    delay store's arrival gate off the consumer (and hands it to the pipeline)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text, name = path.read_text(), str(path.relative_to(PACKAGE))
+        if "_pipeline" in text and name not in ("admission/handle.py", "admission/consumer.py"):
+            found.append(f"{name} holds a pipeline")
+        if re.search(r"getattr\([^)]*DELAY_ATTR", text) and name != "admission/capability.py":
+            found.append(f"{name} reads the delay store's gate off the consumer")
+    assert found == []
 
 
 @pytest.mark.parametrize("module", PURE)
