@@ -388,7 +388,7 @@ def test_a_fallback_slot_is_not_parked_as_booked(
     assert len(parked) == 1 and gate.counts["parked"] == 1
 
 
-def test_a_park_left_in_doubt_is_parked_again_never_run_here(
+def test_a_park_left_in_doubt_is_parked_again_never_run_here_seed_2(
     global10: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A park whose reply the store lost (a timeout: it may hold the message) is neither run
