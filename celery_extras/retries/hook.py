@@ -161,6 +161,22 @@ def _retry(task: Task, exc: BaseException, countdown: float) -> BaseException:
         return parked
 
 
+def _retry_anew(task: Task, exc: BaseException, countdown: float) -> BaseException:
+    """Celery's ``task.retry`` once more, on a connection of its own: a pooled producer that
+    a broker outage left unusable in kombu fails every publish (``AttributeError: 'NoneType'
+    object has no attribute 'client'``, 30 s after the broker came back: chaos seed 699640),
+    and its message, put back, would run a second time."""
+    with task.app.connection_for_write() as connection:
+        producer: Any = task.app.amqp.Producer(connection)
+        parker = _parker(task.app, countdown)
+        if parker is not None:
+            producer = ParkingProducer(producer, parker, task.name, countdown)
+        retry: BaseException = task.retry(
+            exc=exc, countdown=countdown, max_retries=sys.maxsize, producer=producer
+        )
+        return retry
+
+
 def _keep(task: Task, exc: BaseException, error: object) -> BaseException:
     """What to raise instead of Celery's ``Reject(requeue=False)`` when the retry of *task*
     could not be published: the message goes back to the queue, or the task fails."""
@@ -204,8 +220,11 @@ def install_retry(task: Task, spec: RetrySpec) -> None:
             countdown = _countdown(task, spec, item)
             try:
                 raise _retry(task, exc, countdown) from exc
-            except Reject as unpublished:  # Celery's answer to a retry it could not publish
-                raise _keep(task, exc, unpublished.reason) from exc
+            except Reject:  # Celery's answer to a retry it could not publish
+                try:
+                    raise _retry_anew(task, exc, countdown) from exc
+                except Reject as unpublished:
+                    raise _keep(task, exc, unpublished.reason) from exc
         request = task.request
         if not request.called_directly and (spec.per_item or request.retries):
             _forget(task, spec, _item(task, spec, args, kwargs))

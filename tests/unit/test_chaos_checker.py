@@ -195,3 +195,53 @@ def test_a_chain_step_after_a_step_that_never_ended_is_not_lost_twice() -> None:
     lost = History(work, dict.fromkeys(("id1", "id2", "id3"), 100.0), [], {},
                    in_transit={"id1"})  # fmt: skip
     assert kinds(check(lost)) == [("lost", "celery")]
+
+
+def test_a_chain_step_published_again_by_its_step_run_again_is_celerys_seed_277911() -> None:
+    """Seed 277911: a chain's step (batched there) ran in a worker SIGKILLed before its ack,
+    then again in the survivor; each run published the chain's next step (a ``capped`` one),
+    which so ran twice, and so did the step after it. More runs than what it follows
+    succeeded are ours."""
+    nodes = [node(1), node(2, "chaos.capped"), node(3)]
+    work = Workload(1, 60.0, "prefork", 2, [Send(0.0, 0, "chain", tuple(nodes))])
+    entries = [start(1, 101.0, "w0"), start(1, 103.0, "w1"), end(1, 103.1, worker="w1")]
+    entries += [end(1, 101.1)]  # the killed worker's run succeeded, unacked
+    entries += [start(2, t, "w1") for t in (101.2, 103.2)]
+    entries += [end(2, t, worker="w1") for t in (101.3, 103.3)]
+    entries += [start(3, t, "w1") for t in (101.4, 103.4)]
+    entries += [end(3, t, worker="w1") for t in (101.5, 103.5)]
+    killed = [Window("kill", 101.15, 101.15, "w0")]
+    sent = dict.fromkeys((n.id for n in nodes), 100.0)
+    results = {n.id: ("SUCCESS", {"run": n.id}) for n in nodes}
+    found = check(History(work, sent, entries, results, windows=killed))
+    assert kinds(found) == [
+        ("ran again after SIGKILL", "celery"),
+        ("published again as what it follows ran again", "celery"),
+        ("published again as what it follows ran again", "celery"),
+    ]
+    entries.append(start(3, 104.0, "w1"))  # a third run: more than its step's two
+    found = check(History(work, sent, entries, results, windows=killed))
+    assert kinds(found)[-1] == ("ran twice", "celery-extras")
+
+
+def test_a_chord_callback_celery_could_not_publish_in_an_outage_is_celerys_seed_36348() -> None:
+    """Seed 36348: a chord's last header part ended as the broker went down; Celery gave up
+    publishing its callback after 3 tries and stored ``ChordError`` ("Callback error:
+    OperationalError('[Errno 111] ECONNREFUSED')", no "connection" in its text) as the
+    callback's result. Outside an outage the same failure is ours."""
+    nodes = [node(1), node(2), node(3, "chaos.coalesced")]
+    work = Workload(1, 60.0, "prefork", 2, [Send(0.0, 0, "chord", tuple(nodes))])
+    entries = [start(1, 101.0), end(1, 101.1), start(2, 101.0), end(2, 110.1)]
+    error = {
+        "exc_type": "ChordError",
+        "exc_message": ["Callback error: OperationalError('[Errno 111] ECONNREFUSED')"],
+    }
+    results = {"id1": ("SUCCESS", {}), "id2": ("SUCCESS", {}), "id3": ("FAILURE", error)}
+    sent = dict.fromkeys((n.id for n in nodes), 100.0)
+    restarted = [Window("broker_restart", 110.0, 113.0)]
+    found = check(History(work, sent, entries, results, windows=restarted))
+    assert kinds(found) == [("failed", "celery")]
+    later = [Window("broker_restart", 130.0, 133.0)]
+    assert kinds(check(History(work, sent, entries, results, windows=later))) == [
+        ("failed", "celery-extras")
+    ]
