@@ -289,10 +289,11 @@ def _caps(history: History, starts: list[dict[str, Any]], ends: list[dict[str, A
 
 def _covering_runs(history: History, starts: list[dict[str, Any]]) -> list[Violation]:
     """A coalesced or debounced message is answered by a run that started after it was
-    sent (no lost update)."""
-    first: dict[str, float] = {}
+    sent (no lost update): the run's last body, when it ran again (its ack lost with a
+    restarted broker, the first ran before the message was sent: seed 646042)."""
+    last: dict[str, float] = {}
     for e in starts:
-        first[e["id"]] = min(first.get(e["id"], e["t"]), e["t"])
+        last[e["id"]] = max(last.get(e["id"], e["t"]), e["t"])
     found = []
     for node in history.workload.nodes():
         if node.task not in ("chaos.coalesced", "chaos.debounced"):
@@ -301,7 +302,7 @@ def _covering_runs(history: History, starts: list[dict[str, Any]]) -> list[Viola
         if state != "SUCCESS" or not isinstance(result, dict):
             continue
         run = result.get("run")
-        began = first.get(run) if isinstance(run, str) else None
+        began = last.get(run) if isinstance(run, str) else None
         sent = history.sent.get(node.id, 0.0)
         if began is None:
             found.append(Violation("covering run", f"{node.task}[{node.id}] answered by run "

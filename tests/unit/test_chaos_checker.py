@@ -245,3 +245,20 @@ def test_a_chord_callback_celery_could_not_publish_in_an_outage_is_celerys_seed_
     assert kinds(check(History(work, sent, entries, results, windows=later))) == [
         ("failed", "celery-extras")
     ]
+
+
+def test_a_covering_run_that_ran_again_is_judged_by_its_last_body_seed_646042() -> None:
+    """Seed 646042: coalescing run ``id1`` ran at 101.0 (before ``id2`` was sent, at 103.0),
+    lost its ack with a restarted broker, ran again at 106.0 and covered ``id2``: no lost
+    update. Had it not run again after 103.0, ``id2`` would have one."""
+    nodes = [node(1, "chaos.coalesced"), node(2, "chaos.coalesced")]
+    entries = [start(1, t, task="chaos.coalesced") for t in (101.0, 106.0)]
+    entries += [end(1, t, task="chaos.coalesced") for t in (101.1, 106.1)]
+    results = {n.id: ("SUCCESS", {"run": "id1"}) for n in nodes}
+    sent = {"id1": 100.0, "id2": 103.0}
+    restarted = [Window("broker_restart", 101.05, 104.0)]
+    found = check(history(nodes, entries, results=results, sent=sent, windows=restarted))
+    assert kinds(found) == [("ran again after a broker restart", "celery")]
+    entries = [e for e in entries if e["t"] < 106.0]  # one body, before id2 was sent
+    found = check(history(nodes, entries, results=results, sent=sent, windows=restarted))
+    assert kinds(found) == [("lost update", "celery-extras")]
