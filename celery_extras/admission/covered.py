@@ -434,23 +434,44 @@ class CoveredEndings:
             return None
 
     def _end(self, consumer: Any, name: str, covered: list[CoveredMessage], outcome: Outcome,
-             done: Callable[[], None] | None) -> None:  # fmt: skip
+             done: Callable[[], None] | None, failed: tuple[CoveredMessage, ...] = (),
+             attempt: int = 1) -> None:  # fmt: skip
+        """End *covered*, :data:`CHUNK` per turn of the loop; those whose ending failed (a
+        callback's publish in a broker outage: chaos seed 444331, where the message stayed
+        ``PENDING`` for good) are ended again after ``attempt`` s (at most :data:`SLOW`),
+        for :data:`PATIENCE` s; then *done*."""
         for message in covered[:CHUNK]:
             try:
                 state = end_covered(self.app, name, message, outcome)
             except Exception:
                 self.counts["errors"] += 1
-                logger.exception(
-                    "celery-extras: ending covered message %s with the outcome of run %s "
-                    "failed", message.id, outcome.by,
-                )  # fmt: skip
+                failed += (message,)
+                if attempt == 1:
+                    logger.exception(
+                        "celery-extras: ending covered message %s with the outcome of run %s "
+                        "failed; it is ended again until it succeeds", message.id, outcome.by,
+                    )  # fmt: skip
                 continue
             self.counts["ended"] += 1
             task_covered_ended.send(sender=name, task_id=message.id, state=state,
                                     by=outcome.by)  # fmt: skip
-        rest = covered[CHUNK:]
-        if rest:
-            again = (consumer, name, rest, outcome, done)
-            serial(consumer).call_after(0.0, self._end, again)
-        elif done is not None:
-            done()
+        loop = serial(consumer)
+        if covered[CHUNK:]:
+            loop.call_after(0.0, self._end, (consumer, name, covered[CHUNK:], outcome, done,
+                                             failed, attempt))  # fmt: skip
+        elif failed and attempt * SLOW < PATIENCE:
+            loop.call_after(
+                min(float(attempt), SLOW),
+                self._end,
+                (consumer, name, list(failed), outcome, done, (), attempt + 1),
+            )
+        else:
+            self._gave_up(failed, outcome)
+            if done is not None:
+                done()
+
+    def _gave_up(self, failed: tuple[CoveredMessage, ...], outcome: Outcome) -> None:
+        if failed:
+            self.counts["gave_up"] += len(failed)
+            logger.error("celery-extras: gave up ending %s covered by run %s",
+                         ", ".join(m.id for m in failed), outcome.by)  # fmt: skip

@@ -331,6 +331,7 @@ class KeyRunGate(KeyEndings, Gate):
             compat.forget_held(ticket.request)
             self.holds.forget(bucket, ticket.request.id, holding.holder)
         self.endings.forget_here()
+        self.owed.finish_again(self._finished, now=True)
         if self._handle is not None:
             self.runs.drop_unadmitted(self._handle.in_pool)
         self.notices.stop()

@@ -79,17 +79,17 @@ class KeyRunHolds(KeyHolds[Any]):
                                       may_wait=may_wait, settle=True)  # fmt: skip
 
     def finish(self, bucket: Bucket, mid: str, holder: str, *ending: Any,
-               reply: Any = NO_REPLY) -> KeyFinished | None:  # fmt: skip
+               reply: Any = NO_REPLY, now: bool = False) -> KeyFinished | None:  # fmt: skip
         """The run ended (*reply*: a round's reply to :meth:`finish_call`, read instead): what
         it covered (nothing when it was no longer the key's run); ``None`` when the store did
         not answer (it may have done the finish: the caller asks again, and the store answers
-        with the endings the run still owes)."""
+        with the endings the run still owes). *now*: asked even while backing off."""
         if reply is not NO_REPLY:
             done = self.read(lambda: (self.store.finished(bucket, reply) or NOTHING,))
         else:
             settle = {"settle": True} if self.shared else {}  # owed until ended (the store's)
             done = self.call(
-                lambda h: (h.finish(bucket, mid, holder, *ending, **settle) or NOTHING,)
+                lambda h: (h.finish(bucket, mid, holder, *ending, **settle) or NOTHING,), now
             )
         return None if done is None else done[0]
 
@@ -118,9 +118,11 @@ class KeyRunHolds(KeyHolds[Any]):
         return bool(self.call(lambda h: h.was_ended(bucket, mid)))
 
     def note_owed(self, bucket: Bucket) -> None:
-        """*bucket* owes endings (shared holds): a sweep finds it if its finisher dies."""
+        """*bucket* owes endings (shared holds): a sweep finds it if its finisher dies. Asked
+        even while backing off from the store: the finish just answered, and without this
+        note what the run owes is found by no sweep."""
         if self.shared:
-            self.call(lambda h: h.note_owed(bucket))
+            self.call(lambda h: h.note_owed(bucket), now=True)
 
     def owed_due(self, limit: int) -> list[Bucket]:
         """Keys whose owed endings' claim may have run out (shared holds only)."""

@@ -78,11 +78,12 @@ class KeyHolds(Generic[S]):
             return None
         return self.call(operation)
 
-    def call(self, operation: Callable[[S], R]) -> R | None:
-        """``operation(holds)``; ``None`` when the store is away."""
+    def call(self, operation: Callable[[S], R], now: bool = False) -> R | None:
+        """``operation(holds)``; ``None`` when the store is away (*now*: asked even while
+        this worker backs off from it, and ``None`` if it fails)."""
         if not self.shared:
             return operation(self.local)
-        if not self.health.up():
+        if not now and not self.health.up():
             return None
         return self.read(lambda: operation(self.store))
 

@@ -81,6 +81,8 @@ class History:
 
 
 STORE_FAULTS = ("store_stall", "store_pause", "store_restart")
+#: What a result's text says when its task failed for a lost broker connection.
+LOST_CONNECTION = ("onnection", "ECONNREFUSED", "ECONNRESET")
 
 
 def check(history: History) -> list[Violation]:
@@ -113,11 +115,20 @@ def _after(history: History) -> dict[str, list[str]]:
     return before
 
 
-def _published_in_outage(history: History, parents: list[str], ended: dict[str, float]
-                         ) -> bool:  # fmt: skip
+def _published_in_outage(history: History, parents: list[str], ended: dict[str, float],
+                         after: dict[str, list[str]] | None = None) -> bool:  # fmt: skip
     """Whether a message was to be published by a worker as what it follows (*parents*)
-    ended, while the broker was restarting."""
-    last = max((ended[p] for p in parents if p in ended), default=None)
+    ended, while the broker was restarting; with *after*, as the nearest of what it follows
+    that ran ended (a chain Celery failed at a step whose next could not be published fails
+    every step after it: seed 758327)."""
+    last, todo, seen = None, list(parents), set()
+    while todo:
+        parent = todo.pop()
+        if parent in ended:
+            last = max(last or ended[parent], ended[parent])
+        elif after is not None and parent not in seen:
+            seen.add(parent)
+            todo.extend(after.get(parent, ()))
     return last is not None and history.near(last, ("broker_restart",), after=5.0, before=1.0)
 
 
@@ -146,8 +157,12 @@ def _lost(history: History) -> list[Violation]:
         elif state != "SUCCESS":
             text = str(result)
             restarted = any(w.kind == "broker_restart" for w in history.windows)
-            owner = "celery" if restarted and "onnection" in text else "celery-extras"
-            if owner != "celery" and _published_in_outage(history, after.get(node.id, []), ended):
+            lost_connection = any(
+                word in text for word in ("onnection", "ECONNREFUSED", "ECONNRESET")
+            )
+            owner = "celery" if restarted and lost_connection else "celery-extras"
+            if owner != "celery" and _published_in_outage(history, after.get(node.id, []), ended,
+                                                          after):  # fmt: skip
                 owner = "celery"  # a chord's callback Celery could not publish (seed 36348)
             found.append(Violation("failed", f"{node.task}[{node.id}] {state}: {text}", owner))
     return found

@@ -105,7 +105,7 @@ def test_a_finish_the_store_did_but_never_answered_ends_what_it_covered_seed_445
         wait_for(lambda: time.monotonic() - ends > STALL, timeout=60)  # not a condition's wait)
         proxy.resume()  # the stalled finish reaches the store now
 
-        values = [r.get(timeout=60) for r in covered]
+        values = [r.get(timeout=120) for r in covered]
         assert [v["run"] for v in values] == [long.id] * 3
         assert [r.state for r in covered] == ["SUCCESS"] * 3
         assert bodies(journal) == {"warm": 1, "block": 1, "long": 1}
@@ -170,6 +170,44 @@ def test_a_worker_killed_between_finish_and_endings_has_them_ended_by_another(
         wait_for(lambda: owed_keys(store, cluster.ns) == 0, timeout=30,
                  what="the key owing nothing any more")  # fmt: skip
     finally:
+        store.stop()
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_finish_answered_only_as_its_worker_stops_is_swept_by_another_seed_878676(
+    cluster: Cluster, send: Callable[..., Any], journal: Journal, tmp_path: Path
+) -> None:
+    """Chaos seed 878676: the store's path stalls as a covering run ends, so its finish times
+    out, and reaches the store when the path comes back: what the run covered is owed,
+    claimed by its worker, and noted nowhere a sweep looks (the worker notes it once the
+    finish answers). The worker is stopped warmly before its back-off from the store lets it
+    ask the finish again. Stopping, it asks once more, whatever its back-off, notes the key
+    and ends the three covered messages with the run's result (should it stop first, a
+    survivor's sweep ends them once its claim runs out). (Before: they stayed PENDING for
+    good.)"""
+    (tmp_path / "store").mkdir()
+    store = PrivateRedis(tmp_path / "store").start()
+    proxy = StallingProxy(("127.0.0.1", store.port)).start()
+    try:  # a back-off from the store far longer than the test: only the stop asks again
+        cluster.configure(include=INCLUDE, extras_redis_url=proxy.url, extras_store_retry=600.0)
+        worker = cluster.worker("w1", concurrency=4)
+        assert send(PER_KEY, "warm", "warm").get(timeout=60)["tag"] == "warm"
+        long, covered = cover_three(cluster, send, journal, worker.hostname, 2.0)
+
+        proxy.stall()  # the run ends during the stall: its finish is written, then times out
+        wait_for(lambda: ended(journal, "long"), timeout=60, what="the long run's end")
+        wait_for(lambda: store_outages(worker.log()), timeout=60, what="a store call timed out")
+        proxy.resume()  # the stalled finish reaches the store now: owed, noted nowhere
+        assert owed_keys(store, cluster.ns) == 0
+        worker.stop()  # it ends them as it stops, or a survivor's sweep does after its claim
+        cluster.worker("w2")
+        values = [r.get(timeout=120) for r in covered]
+        assert [v["run"] for v in values] == [long.id] * 3
+        assert bodies(journal) == {"warm": 1, "block": 1, "long": 1}
+        wait_for(lambda: owed_keys(store, cluster.ns) == 0, timeout=60,
+                 what="the key owing nothing any more")  # fmt: skip
+    finally:
+        proxy.close()
         store.stop()
 
 

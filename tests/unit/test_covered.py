@@ -348,3 +348,53 @@ def test_a_task_that_stores_no_result_ends_with_what_the_worker_saw(
     assert endings.counts["ended"] == 1
     assert [name for name, _, _ in published] == ["t.errback"]
     assert app.backend.get_task_meta(tid("c-1"))["status"] == "PENDING"  # as Celery: ignored
+
+
+def test_an_ending_that_failed_is_ended_again_and_done_only_then_seed_444331(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chaos seed 444331: a covered message's ending failed (a callback's publish as the
+    broker restarted), was counted as an error and skipped, and ``done`` said the run's
+    endings were published: the message stayed ``PENDING`` for good. Now it is ended again
+    after 1 s, then 2 s..., and ``done`` comes after it ended."""
+    real, calls = covered.end_covered, []
+
+    def broker_down_twice(app: Celery, name: str, message: Any, outcome: Any) -> str:
+        calls.append(message.id)
+        if len(calls) <= 2:
+            raise ConnectionError("[Errno 111] ECONNREFUSED")
+        return real(app, name, message, outcome)
+
+    monkeypatch.setattr(covered, "end_covered", broker_down_twice)
+    consumer, endings, done = Consumer(), CoveredEndings(app), Mock()
+    app.backend.store_result(tid("run-1"), 9, states.SUCCESS)
+    endings.schedule(consumer, "t.co", tid("run-1"), [CoveredMessage(tid("c0"))], done=done)
+    waits = []
+    while consumer.scheduled:
+        wait, fun, args = consumer.scheduled.pop(0)
+        waits.append(wait)
+        fun(*args)
+    assert waits == [0.0, 1.0, 2.0] and calls == [tid("c0")] * 3
+    assert done.call_count == 1 and endings.counts["ended"] == 1
+    assert endings.counts["errors"] == 2 and endings.counts["gave_up"] == 0
+    assert app.backend.get_task_meta(tid("c0"))["result"] == 9
+
+
+def test_an_ending_that_never_succeeds_is_given_up_after_patience(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def always_down(app: Celery, name: str, message: Any, outcome: Any) -> str:
+        raise ConnectionError("[Errno 111] ECONNREFUSED")
+
+    monkeypatch.setattr(covered, "end_covered", always_down)
+    monkeypatch.setattr(covered, "PATIENCE", 12.0)
+    consumer, endings, done = Consumer(), CoveredEndings(app), Mock()
+    app.backend.store_result(tid("run-1"), 9, states.SUCCESS)
+    endings.schedule(consumer, "t.co", tid("run-1"), [CoveredMessage(tid("c0"))], done=done)
+    waits = []
+    while consumer.scheduled:
+        wait, fun, args = consumer.scheduled.pop(0)
+        waits.append(wait)
+        fun(*args)
+    assert waits == [0.0, 1.0, 2.0]  # then 3 * SLOW >= PATIENCE: given up
+    assert done.call_count == 1 and endings.counts["gave_up"] == 1
