@@ -350,6 +350,20 @@ def test_a_task_that_stores_no_result_ends_with_what_the_worker_saw(
     assert app.backend.get_task_meta(tid("c-1"))["status"] == "PENDING"  # as Celery: ignored
 
 
+def end_one_on_the_timer(app: Celery) -> tuple[CoveredEndings, Mock, list[float]]:
+    """Schedule the ending of ``c0``, covered by a run that succeeded with 9, and run the
+    consumer's timer until it is empty: the endings, their ``done``, and each entry's wait."""
+    consumer, endings, done = Consumer(), CoveredEndings(app), Mock()
+    app.backend.store_result(tid("run-1"), 9, states.SUCCESS)
+    endings.schedule(consumer, "t.co", tid("run-1"), [CoveredMessage(tid("c0"))], done=done)
+    waits = []
+    while consumer.scheduled:
+        wait, fun, args = consumer.scheduled.pop(0)
+        waits.append(wait)
+        fun(*args)
+    return endings, done, waits
+
+
 def test_an_ending_that_failed_is_ended_again_and_done_only_then_seed_444331(
     app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -366,14 +380,7 @@ def test_an_ending_that_failed_is_ended_again_and_done_only_then_seed_444331(
         return real(app, name, message, outcome)
 
     monkeypatch.setattr(covered, "end_covered", broker_down_twice)
-    consumer, endings, done = Consumer(), CoveredEndings(app), Mock()
-    app.backend.store_result(tid("run-1"), 9, states.SUCCESS)
-    endings.schedule(consumer, "t.co", tid("run-1"), [CoveredMessage(tid("c0"))], done=done)
-    waits = []
-    while consumer.scheduled:
-        wait, fun, args = consumer.scheduled.pop(0)
-        waits.append(wait)
-        fun(*args)
+    endings, done, waits = end_one_on_the_timer(app)
     assert waits == [0.0, 1.0, 2.0] and calls == [tid("c0")] * 3
     assert done.call_count == 1 and endings.counts["ended"] == 1
     assert endings.counts["errors"] == 2 and endings.counts["gave_up"] == 0
@@ -388,13 +395,6 @@ def test_an_ending_that_never_succeeds_is_given_up_after_patience(
 
     monkeypatch.setattr(covered, "end_covered", always_down)
     monkeypatch.setattr(covered, "PATIENCE", 12.0)
-    consumer, endings, done = Consumer(), CoveredEndings(app), Mock()
-    app.backend.store_result(tid("run-1"), 9, states.SUCCESS)
-    endings.schedule(consumer, "t.co", tid("run-1"), [CoveredMessage(tid("c0"))], done=done)
-    waits = []
-    while consumer.scheduled:
-        wait, fun, args = consumer.scheduled.pop(0)
-        waits.append(wait)
-        fun(*args)
+    endings, done, waits = end_one_on_the_timer(app)
     assert waits == [0.0, 1.0, 2.0]  # then 3 * SLOW >= PATIENCE: given up
     assert done.call_count == 1 and endings.counts["gave_up"] == 1
