@@ -147,14 +147,18 @@ def _parker(app: Celery, countdown: float) -> Parker | None:
     return parker if countdown > max_hold else None
 
 
-def _retry(task: Task, exc: BaseException, countdown: float) -> BaseException:
-    """Celery's ``task.retry``; parked in the delay store when it waits beyond the hold."""
+def _retry(task: Task, exc: BaseException, countdown: float, producer: Any = None
+           ) -> BaseException:  # fmt: skip
+    """Celery's ``task.retry`` on *producer* (``None``: one of the app's pool); parked in the
+    delay store when it waits beyond the hold."""
     parker = _parker(task.app, countdown)
     if parker is None:
-        retry: BaseException = task.retry(exc=exc, countdown=countdown, max_retries=sys.maxsize)
+        retry: BaseException = task.retry(
+            exc=exc, countdown=countdown, max_retries=sys.maxsize, producer=producer
+        )
         return retry
-    with task.app.producer_or_acquire() as producer:
-        parking = ParkingProducer(producer, parker, task.name, countdown)
+    with task.app.producer_or_acquire(producer) as publisher:
+        parking = ParkingProducer(publisher, parker, task.name, countdown)
         parked: BaseException = task.retry(
             exc=exc, countdown=countdown, max_retries=sys.maxsize, producer=parking
         )
@@ -162,19 +166,12 @@ def _retry(task: Task, exc: BaseException, countdown: float) -> BaseException:
 
 
 def _retry_anew(task: Task, exc: BaseException, countdown: float) -> BaseException:
-    """Celery's ``task.retry`` once more, on a connection of its own: a pooled producer that
-    a broker outage left unusable in kombu fails every publish (``AttributeError: 'NoneType'
-    object has no attribute 'client'``, 30 s after the broker came back: chaos seed 699640),
-    and its message, put back, would run a second time."""
+    """:func:`_retry` once more, on a connection of its own: a pooled producer that a broker
+    outage left unusable in kombu fails every publish (``AttributeError: 'NoneType' object
+    has no attribute 'client'``, 30 s after the broker came back: chaos seed 699640), and its
+    message, put back, would run a second time."""
     with task.app.connection_for_write() as connection:
-        producer: Any = task.app.amqp.Producer(connection)
-        parker = _parker(task.app, countdown)
-        if parker is not None:
-            producer = ParkingProducer(producer, parker, task.name, countdown)
-        retry: BaseException = task.retry(
-            exc=exc, countdown=countdown, max_retries=sys.maxsize, producer=producer
-        )
-        return retry
+        return _retry(task, exc, countdown, task.app.amqp.Producer(connection))
 
 
 def _keep(task: Task, exc: BaseException, error: object) -> BaseException:
