@@ -40,6 +40,7 @@ from .store.client import StoreStep, check_store
 from .sync.capability import SYNC
 from .workarounds import (
     EventLoopGuard,
+    EventsCloseGuard,
     PoolFlushGuard,
     PrefetchRestoreGuard,
     RedisCloseGuard,
@@ -165,6 +166,7 @@ def install(app: Celery, **options: Any) -> Celery:
     app.steps["consumer"].add(RedisCloseGuard)
     app.steps["consumer"].add(RedisRestoreGuard)
     app.steps["consumer"].add(PrefetchRestoreGuard)
+    app.steps["consumer"].add(EventsCloseGuard)
     app.steps["consumer"].add(StoreStep)
     for capability in CAPABILITIES:
         for step in capability.worker_steps:

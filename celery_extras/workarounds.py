@@ -26,6 +26,7 @@ from .compat import (
 
 __all__ = [
     "EventLoopGuard",
+    "EventsCloseGuard",
     "PoolFlushGuard",
     "PrefetchRestoreGuard",
     "RedisCloseGuard",
@@ -35,6 +36,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 #: Celery's setting of the prefetch window's reduction after a reconnect (Celery 5.5+).
 PREFETCH_REDUCTION = "worker_enable_prefetch_count_reduction"
+#: The longest the close of the old event dispatcher's connection waits for a publish under
+#: way on it (Celery's heartbeat retries until the broker answers); then it closes anyway
+MUTEX_WAIT = 10.0
 #: kombu's virtual transport logs a message delivered after its consumer was cancelled.
 _KOMBU_LOGGER = logging.getLogger("kombu.transport.virtual.base")
 
@@ -137,6 +141,50 @@ def _restore_unacked(transport: Any) -> None:
         transport.cycle.maybe_restore_messages()
     except Exception as exc:  # the broker is away: the next turn tries again
         logger.debug("celery-extras: restoring unacked Redis messages failed: %r", exc)
+
+
+class EventsCloseGuard(bootsteps.StartStopStep):
+    """Keeps a worker without an event loop from freezing as it reconnects to RabbitMQ.
+
+    After a lost connection Celery starts its consumer steps again, and the Events step
+    closes the old event dispatcher's connection (an AMQP close, which waits for the
+    broker's answer) without the dispatcher's mutex. Celery's heartbeat, sent from a
+    timer greenlet or thread under that mutex with ``retry=True``, may meanwhile have
+    connected the old connection again and be waiting for its exchange's ``declare-ok``.
+    The close takes the answer and drops it ("Received method (40, 11) during closing
+    channel 1"); a gevent worker froze there, its consumer never started again (chaos
+    seed 172743; plain Celery's heartbeat does the same). Here that close waits for the
+    mutex, up to :data:`MUTEX_WAIT` s: the publish under way ends first. RabbitMQ only:
+    a Redis channel's close waits for no answer.
+    """
+
+    label = "extras-events-close-guard"
+    requires = ("celery.worker.consumer.events:Events",)
+
+    def start(self, c: Any) -> None:
+        dispatcher = c.event_dispatcher
+        connection = getattr(dispatcher, "connection", None)
+        if c.hub is not None or connection is None or connection.transport.driver_type != "amqp":
+            return  # with an event loop its timer runs in the consumer's own thread
+        close = _close_under(dispatcher.mutex, connection.release)
+        connection.close = connection.release = close
+
+
+def _close_under(mutex: Any, close: Callable[[], None]) -> Callable[[], None]:
+    """*close*, once *mutex* is free (or :data:`MUTEX_WAIT` s have passed)."""
+
+    def close_when_free() -> None:
+        acquired = mutex.acquire(timeout=MUTEX_WAIT)
+        if not acquired:
+            logger.warning("celery-extras: the old event connection is closed while a "
+                           "publish on it has not ended in %.0f s", MUTEX_WAIT)  # fmt: skip
+        try:
+            close()
+        finally:
+            if acquired:
+                mutex.release()
+
+    return close_when_free
 
 
 class PoolFlushGuard(bootsteps.StartStopStep):

@@ -101,6 +101,8 @@ class StatsEmitter(bootsteps.StartStopStep):
         dispatcher = c.event_dispatcher
         if dispatcher is None or not dispatcher.enabled:
             return
+        if dispatcher.mutex.locked():  # a publish under way (a heartbeat retrying): skip
+            return  # this tick rather than pile up behind it; the next sends fresher figures
         try:
             dispatcher.send(EVENT_TYPE, **self.figures(c), extras_state=self.state(c))
         except Exception:  # the next tick tries again; one log line, not one per tick
