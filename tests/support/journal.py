@@ -32,6 +32,8 @@ class Journal:
             "pid": os.getpid(),
             "worker": task.request.hostname,
             "retries": task.request.retries,
+            # the broker delivered its message again (a restore of what was not acked)
+            "redelivered": bool((task.request.delivery_info or {}).get("redelivered")),
             **fields,
         }
         payload = json.dumps(entry)
