@@ -166,8 +166,9 @@ class EventsCloseGuard(bootsteps.StartStopStep):
         connection = getattr(dispatcher, "connection", None)
         if c.hub is not None or connection is None or connection.transport.driver_type != "amqp":
             return  # with an event loop its timer runs in the consumer's own thread
-        close = _close_under(dispatcher.mutex, connection.release)
-        connection.close = connection.release = close
+        mutex = dispatcher.mutex  # a lost connection's collect waits for no answer
+        replace_connection_close(connection, lambda close, clean: (
+            _close_under(mutex, close) if clean else close))  # fmt: skip
 
 
 def _close_under(mutex: Any, close: Callable[[], None]) -> Callable[[], None]:
