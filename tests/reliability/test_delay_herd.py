@@ -14,9 +14,9 @@ import pytest
 from tests.integration.conftest import MUTEX_EXPIRE, Cluster, restartable_cluster
 from tests.support.brokers import Restartable
 from tests.support.journal import Journal
-from tests.support.workers import WorkerProcess, wait_for
+from tests.support.workers import wait_for
 
-from .test_delay_faults import done_ids, ran_once_but_for_kills
+from .test_delay_faults import Kill, done_ids, ran_once_but_for_kills, sigkill
 
 INCLUDE = ("tests.support.tasks_reliability",)
 HERD = "tests.reliability.herd"  # acks_late, journals "done"
@@ -105,15 +105,17 @@ def kill_while_releasing(cluster: Cluster, journal: Journal, broker: Restartable
     ids, _due = send_herd(cluster, 3000, 20.0)
     wait_for(lambda: parked(cluster) >= 2500, timeout=60, interval=0.5,
              what="the herd to be parked")  # fmt: skip
-    kills: list[tuple[WorkerProcess, float]] = []
+    kills: list[Kill] = []
     for round_, share in enumerate((300, 1000, 1700)):
         wait_for(lambda n=share: len(done_ids(journal)) >= n, timeout=120, interval=0.1,
                  what=f"{share} tasks done")  # fmt: skip
-        last = max(journal.entries()[-50:], key=lambda e: e["t"])["worker"]
-        name = next(n for n, w in workers.items() if w.hostname == last)
-        victim = workers.pop(name)
-        victim.kill()  # its claims, published and not, its timer and its running tasks die
-        kills.append((victim, time.time()))
+        # the live worker that ran the latest of the last entries (a worker killed a moment
+        # ago may still have the latest of them)
+        live = {w.hostname: n for n, w in workers.items()}
+        recent = [e for e in journal.entries()[-200:] if e["worker"] in live]
+        name = live[max(recent, key=lambda e: e["t"])["worker"]] if recent else next(iter(workers))
+        # its claims, published and not, its timer and its running tasks die
+        kills.append(sigkill(workers.pop(name)))
         workers[f"k{round_}"] = cluster.worker(f"k{round_}")
 
     ran_once_but_for_kills(cluster, journal, broker, ids, kills, timeout=240)
