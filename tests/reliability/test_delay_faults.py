@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -46,16 +46,18 @@ def sigkill(worker: WorkerProcess) -> Kill:
     return Kill(worker, sent, time.time())
 
 
-def redelivered_after_its_worker_died(journal: Journal, task_id: str, kills: list[Kill]) -> bool:
-    """Whether *task_id* ran again only as the broker's redelivery of a message whose first
-    run ended in a worker SIGKILLed after it (the task journals "done" as its last statement,
-    and whether its message was ``redelivered``): the broker delivers again only what was
-    not acked, and a killed worker's acks die with it, however far its main process lagged
-    behind its pool (past a second in CI, two such tests at once). The redelivery may run
-    before the test has seen its worker dead (4 ms before, in one run): it is after the
-    signal that counts."""
-    runs = sorted((e for e in journal.entries() if e["id"] == task_id and e.get("outcome") ==
-                   "done"), key=lambda e: e["t"])  # fmt: skip
+def redelivered_after_its_worker_died(
+    entries: list[dict[str, Any]], task_id: str, kills: list[Kill]
+) -> bool:
+    """Whether *task_id* ran again (the journal's *entries*) only as the broker's redelivery
+    of a message whose first run ended in a worker SIGKILLed after it (the task journals
+    "done" as its last statement, and whether its message was ``redelivered``): the broker
+    delivers again only what was not acked, and a killed worker's acks die with it, however
+    far its main process lagged behind its pool (past a second in CI, two such tests at
+    once). The redelivery may run before the test has seen its worker dead (4 ms before, in
+    one run): it is after the signal that counts."""
+    runs = sorted((e for e in entries if e["id"] == task_id and e.get("outcome") == "done"),
+                  key=lambda e: e["t"])  # fmt: skip
     first, again = runs[0], runs[1:]
     return any(
         first["worker"] == kill.worker.hostname and first["t"] <= kill.dead
@@ -113,12 +115,13 @@ def ran_once_but_for_kills(
     # acks_late: a task that finished in a worker killed before its main process acked it is
     # delivered again and runs again, as in plain Celery. Those are told apart by the journal:
     # the first run ended in the killed worker, the next ran from a redelivery after the kill.
-    unacked = {t for t in twice if redelivered_after_its_worker_died(journal, t, kills)}
+    entries = journal.entries()
+    unacked = {t for t in twice if redelivered_after_its_worker_died(entries, t, kills)}
     print(f"\n{cluster.broker.split(':')[0]}: {len(done.keys() & set(ids))} of {len(ids)} "
           f"done, {sum(lost.values())} lost by the Redis transport in flight, {len(twice)} "
           f"twice ({len(unacked)} ran again from a redelivery: their first run ended in a "
           f"worker killed before it acked them)")  # fmt: skip
-    unexplained = {t: [e for e in journal.entries() if e["id"] == t] for t in set(twice) - unacked}
+    unexplained = {t: [e for e in entries if e["id"] == t] for t in set(twice) - unacked}
     assert not unexplained, (
         f"ran twice, not from a redelivery after a kill: {unexplained}; "
         f"kills: {[(k.worker.hostname, k.sent, k.dead) for k in kills]}"
